@@ -1,0 +1,51 @@
+"""Database engine and transactions (template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from .settings import Settings, async_database_url
+
+
+def create_engine(settings: Settings) -> AsyncEngine:
+    """An async engine for `settings.database_url`, with SQLite tuned for several processes."""
+    url = async_database_url(settings.database_url)
+    if url.startswith("sqlite"):
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_async_engine(url, pool_size=max(5, settings.max_jobs), pool_pre_ping=True)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers run beside the one writer; busy_timeout makes writers wait their turn.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One transaction: committed when the block ends, rolled back when it raises."""
+    async with engine.begin() as conn:
+        yield conn
+
+
+def migrate(settings: Settings, revision: str = "heads") -> None:
+    """Upgrade the database schema with Alembic (synchronous: call it outside an event loop)."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
+    command.upgrade(config, revision)

@@ -1,0 +1,406 @@
+"""The only writer of job rows: one guarded function per transition verb (template-owned).
+
+Every verb is `UPDATE jobs SET state=:to ... WHERE id=:id AND state IN (:from...)`, with the
+source states taken from `states.TRANSITIONS`. A verb that matches no row returns False (or
+None): someone else moved the job, and the caller stops. Verbs that act for a running
+attempt also match its attempt number, so a worker whose lease was taken over cannot write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .models import attempts, jobs
+from .states import JobState, sources, target
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """What went wrong in one attempt."""
+
+    error_class: str
+    message: str
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job row as read from the database."""
+
+    id: str
+    agent: str
+    lane: str
+    state: JobState
+    payload: dict[str, Any]
+    result: dict[str, Any] | None
+    owner: str
+    idempotency_key: str | None
+    attempts: int
+    max_attempts: int
+    run_after: datetime | None
+    lease_expires_at: datetime | None
+    worker: str | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Job:
+        values = dict(row._mapping)
+        values["state"] = JobState(values["state"])
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: states as strings, times as ISO 8601 UTC."""
+        out: dict[str, Any] = {}
+        for key, value in self.__dict__.items():
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, JobState):
+                value = value.value
+            out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of a job, with its outcome."""
+
+    number: int
+    worker: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error_class: str | None
+    error_message: str | None
+    traceback: str | None
+
+
+def new_job_id() -> str:
+    """A fresh job id; it is also the job's arq id."""
+    return uuid.uuid4().hex
+
+
+async def enqueue(
+    conn: AsyncConnection,
+    *,
+    agent: str,
+    lane: str,
+    payload: dict[str, Any],
+    max_attempts: int,
+    now: datetime,
+    owner: str | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[str, bool]:
+    """Insert a `queued` job; return (id, created). A repeated idempotency key returns the
+    existing job's id with created=False."""
+    job_id = new_job_id()
+    values = {
+        "id": job_id,
+        "agent": agent,
+        "lane": lane,
+        "state": JobState.QUEUED.value,
+        "payload": payload,
+        "owner": owner or "",
+        "idempotency_key": idempotency_key,
+        "attempts": 0,
+        "max_attempts": max_attempts,
+        "created_at": now,
+        "updated_at": now,
+    }
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    result = await conn.execute(dialect_insert(jobs).values(values).on_conflict_do_nothing())
+    if result.rowcount == 1:
+        return job_id, True
+    existing = await conn.scalar(
+        select(jobs.c.id).where(
+            jobs.c.owner == (owner or ""), jobs.c.idempotency_key == idempotency_key
+        )
+    )
+    if existing is None:  # pragma: no cover - a uuid4 collision
+        raise RuntimeError("job insert conflicted but no existing job was found")
+    return str(existing), False
+
+
+async def claim(
+    conn: AsyncConnection, job_id: str, *, worker: str, now: datetime, lease_s: float
+) -> Job | None:
+    """Take the job for one attempt: `queued` (and due) or `active` with an expired lease.
+
+    Counts the attempt, opens its `attempts` row and closes any attempt a vanished worker
+    left open. Returns None when the job is not claimable (running elsewhere, finished,
+    parked, or not yet due).
+    """
+    sql_state = jobs.c.state
+    claimable = or_(
+        and_(
+            sql_state == JobState.QUEUED.value,
+            or_(jobs.c.run_after.is_(None), jobs.c.run_after <= now),
+        ),
+        and_(sql_state == JobState.ACTIVE.value, jobs.c.lease_expires_at < now),
+    )
+    row = (
+        await conn.execute(
+            _move(
+                "claim",
+                job_id,
+                now,
+                attempts=jobs.c.attempts + 1,
+                worker=worker,
+                claimed_at=now,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                run_after=None,
+            )
+            .where(claimable)
+            .returning(*jobs.c)
+        )
+    ).first()
+    if row is None:
+        return None
+    job = Job.from_row(row)
+    await conn.execute(
+        update(attempts)
+        .where(attempts.c.job_id == job_id, attempts.c.finished_at.is_(None))
+        .values(
+            finished_at=now,
+            outcome="lost",
+            error_class="WorkerLost",
+            error_message="the worker stopped before recording an outcome",
+        )
+    )
+    await conn.execute(
+        insert(attempts).values(job_id=job_id, number=job.attempts, worker=worker, started_at=now)
+    )
+    return job
+
+
+async def heartbeat(
+    conn: AsyncConnection, job_id: str, *, attempt: int, now: datetime, lease_s: float
+) -> bool:
+    """Renew the lease of a running attempt; False when the attempt no longer holds it."""
+    stmt = _move("heartbeat", job_id, now, lease_expires_at=now + timedelta(seconds=lease_s)).where(
+        jobs.c.attempts == attempt
+    )
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def complete(
+    conn: AsyncConnection, job_id: str, *, attempt: int, result: dict[str, Any], now: datetime
+) -> bool:
+    """Record success: `completed` with its result."""
+    stmt = _move("complete", job_id, now, result=result, finished_at=now, lease_expires_at=None)
+    return await _finish(
+        conn, stmt.where(jobs.c.attempts == attempt), job_id, attempt, now, outcome="completed"
+    )
+
+
+async def retry(
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    attempt: int,
+    run_after: datetime,
+    error: ErrorInfo,
+    now: datetime,
+) -> bool:
+    """Back to `queued`, not to run before `run_after`."""
+    stmt = _move(
+        "retry", job_id, now, run_after=run_after, lease_expires_at=None, last_error=_summary(error)
+    )
+    return await _finish(
+        conn,
+        stmt.where(jobs.c.attempts == attempt),
+        job_id,
+        attempt,
+        now,
+        outcome="retry",
+        error=error,
+    )
+
+
+async def fail(
+    conn: AsyncConnection, job_id: str, *, attempt: int, error: ErrorInfo, now: datetime
+) -> bool:
+    """Permanent failure: `failed`, never retried automatically."""
+    stmt = _move(
+        "fail", job_id, now, finished_at=now, lease_expires_at=None, last_error=_summary(error)
+    )
+    return await _finish(
+        conn,
+        stmt.where(jobs.c.attempts == attempt),
+        job_id,
+        attempt,
+        now,
+        outcome="failed",
+        error=error,
+    )
+
+
+async def dead_letter(
+    conn: AsyncConnection, job_id: str, *, attempt: int, error: ErrorInfo, now: datetime
+) -> bool:
+    """Retries exhausted: `dead_lettered`, kept with every attempt's error."""
+    stmt = _move(
+        "dead_letter",
+        job_id,
+        now,
+        finished_at=now,
+        lease_expires_at=None,
+        last_error=_summary(error),
+    )
+    return await _finish(
+        conn,
+        stmt.where(jobs.c.attempts == attempt),
+        job_id,
+        attempt,
+        now,
+        outcome="dead_lettered",
+        error=error,
+    )
+
+
+async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
+    """Recovery: an `active` job whose lease expired goes back to `queued`."""
+    stmt = _move("rescue", job_id, now, lease_expires_at=None, run_after=None).where(
+        jobs.c.lease_expires_at < now
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await conn.execute(
+        update(attempts)
+        .where(attempts.c.job_id == job_id, attempts.c.finished_at.is_(None))
+        .values(
+            finished_at=now,
+            outcome="lost",
+            error_class="WorkerLost",
+            error_message="the lease expired with no outcome recorded",
+        )
+    )
+    return True
+
+
+async def cancel(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
+    """An operator stops a job that is waiting or parked."""
+    stmt = _move("cancel", job_id, now, finished_at=now)
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+# Reads ------------------------------------------------------------------------------------
+
+
+async def get_job(conn: AsyncConnection, job_id: str) -> Job | None:
+    row = (await conn.execute(select(jobs).where(jobs.c.id == job_id))).first()
+    return Job.from_row(row) if row is not None else None
+
+
+async def list_jobs(
+    conn: AsyncConnection,
+    *,
+    state: JobState | None = None,
+    agent: str | None = None,
+    limit: int = 50,
+) -> list[Job]:
+    """Newest first."""
+    stmt = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id).limit(limit)
+    if state is not None:
+        stmt = stmt.where(jobs.c.state == state.value)
+    if agent is not None:
+        stmt = stmt.where(jobs.c.agent == agent)
+    return [Job.from_row(row) for row in await conn.execute(stmt)]
+
+
+async def job_attempts(conn: AsyncConnection, job_id: str) -> list[Attempt]:
+    stmt = (
+        select(*(attempts.c[name] for name in Attempt.__dataclass_fields__))
+        .where(attempts.c.job_id == job_id)
+        .order_by(attempts.c.number)
+    )
+    return [Attempt(**row._mapping) for row in await conn.execute(stmt)]
+
+
+async def count_by_state(conn: AsyncConnection) -> dict[str, int]:
+    rows = await conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))
+    return {str(state): int(count) for state, count in rows}
+
+
+async def queued_page(
+    conn: AsyncConnection, *, after_id: str, limit: int
+) -> Sequence[tuple[str, str, datetime | None]]:
+    """(id, lane, run_after) of `queued` jobs after `after_id`, in id order (keyset paging)."""
+    stmt = (
+        select(jobs.c.id, jobs.c.lane, jobs.c.run_after)
+        .where(jobs.c.state == JobState.QUEUED.value, jobs.c.id > after_id)
+        .order_by(jobs.c.id)
+        .limit(limit)
+    )
+    return [(row.id, row.lane, row.run_after) for row in await conn.execute(stmt)]
+
+
+async def expired_leases(
+    conn: AsyncConnection, *, now: datetime, after_id: str, limit: int
+) -> list[str]:
+    """Ids of `active` jobs whose lease has expired, in id order."""
+    stmt = (
+        select(jobs.c.id)
+        .where(
+            jobs.c.state == JobState.ACTIVE.value,
+            jobs.c.lease_expires_at < now,
+            jobs.c.id > after_id,
+        )
+        .order_by(jobs.c.id)
+        .limit(limit)
+    )
+    return list((await conn.scalars(stmt)).all())
+
+
+# Internals --------------------------------------------------------------------------------
+
+
+def _move(verb: str, job_id: str, now: datetime, **values: Any) -> Any:
+    """The guarded UPDATE for `verb`: only from its source states, to its target state."""
+    return (
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state.in_([s.value for s in sources(verb)]))
+        .values(state=target(verb).value, updated_at=now, **values)
+    )
+
+
+async def _finish(
+    conn: AsyncConnection,
+    stmt: Any,
+    job_id: str,
+    attempt: int,
+    now: datetime,
+    *,
+    outcome: str,
+    error: ErrorInfo | None = None,
+) -> bool:
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await conn.execute(
+        update(attempts)
+        .where(attempts.c.job_id == job_id, attempts.c.number == attempt)
+        .values(
+            finished_at=now,
+            outcome=outcome,
+            error_class=error.error_class if error else None,
+            error_message=error.message if error else None,
+            traceback=error.traceback if error else None,
+        )
+    )
+    return True
+
+
+def _summary(error: ErrorInfo) -> str:
+    return f"{error.error_class}: {error.message}"

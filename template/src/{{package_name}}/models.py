@@ -1,0 +1,100 @@
+"""The job record's tables (template-owned: copier-agent-worker).
+
+SQLAlchemy Core tables: the job store writes them with explicit, guarded statements, so
+there is no ORM session state to keep in sync with the queue.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = MetaData(naming_convention=NAMING)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every database (SQLite stores it naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; use datetime.now(UTC)")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("agent", String(100), nullable=False),
+    Column("lane", String(100), nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("result", JSON),
+    # "" rather than NULL so that (owner, idempotency_key) is unique for anonymous callers too.
+    Column("owner", String(200), nullable=False, server_default=""),
+    Column("idempotency_key", String(200)),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False),
+    Column("run_after", UTCDateTime()),
+    Column("lease_expires_at", UTCDateTime()),
+    Column("worker", String(200)),
+    Column("last_error", Text),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("claimed_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    UniqueConstraint("owner", "idempotency_key"),
+    Index(None, "state", "lane"),
+    Index(None, "agent", "state"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("worker", String(200), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    # completed / retry / failed / dead_lettered / lost (the worker vanished)
+    Column("outcome", String(20)),
+    Column("error_class", String(200)),
+    Column("error_message", Text),
+    Column("traceback", Text),
+    UniqueConstraint("job_id", "number"),
+)

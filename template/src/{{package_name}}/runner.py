@@ -1,0 +1,228 @@
+"""The function arq calls: claim, run the agent, record the outcome (template-owned).
+
+The row is written before the work (claim) and after it (outcome), never only in memory.
+arq only delivers job ids; whether and how a job runs is decided here, from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import structlog
+from arq.worker import Retry
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from . import job_store
+from .agent import Agent, AgentContext, RetryLater, bind_logger
+from .db import transaction
+from .queue import JobQueue
+from .retry import InvalidPayload, RetryPolicy, is_permanent
+from .settings import Settings
+from .states import JobState
+
+log = structlog.get_logger("runner")
+
+# How soon arq should deliver a job again when the database could not be reached.
+DB_UNAVAILABLE_RETRY_S = 5
+
+
+@dataclass
+class Runtime:
+    """Everything a worker process shares between jobs."""
+
+    settings: Settings
+    engine: AsyncEngine
+    queue: JobQueue
+    agents: dict[str, Agent]
+    policy: RetryPolicy
+    worker_name: str
+    lane_timeouts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt ended with."""
+
+    kind: Literal["completed", "retry", "failed", "dead_lettered"]
+    result: dict[str, Any] | None = None
+    error: job_store.ErrorInfo | None = None
+    delay_s: float = 0.0
+
+
+async def run_job(ctx: dict[str, Any], job_id: str) -> str:
+    """Run one delivery of `job_id`; returns the state it left the job in."""
+    runtime: Runtime = ctx["runtime"]
+    job = await claim(runtime, job_id)
+    if job is None:
+        return await not_claimed(runtime, job_id)
+    jlog = bind_logger(job.id, job.agent, job.attempts)
+    jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
+    outcome = await call_agent(runtime, job, jlog)
+    return await record_outcome(runtime, job, outcome, jlog)
+
+
+async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
+    """The claim, or an arq retry when the database cannot be reached right now."""
+    try:
+        async with transaction(runtime.engine) as conn:
+            return await job_store.claim(
+                conn,
+                job_id,
+                worker=runtime.worker_name,
+                now=_now(),
+                lease_s=runtime.settings.lease_s,
+            )
+    except (DBAPIError, OSError) as exc:
+        log.warning("claim_failed_database_unavailable", job_id=job_id, error=str(exc))
+        raise Retry(defer=DB_UNAVAILABLE_RETRY_S) from exc
+
+
+async def not_claimed(runtime: Runtime, job_id: str) -> str:
+    """A delivery we may not run: log why; re-defer a retry that arrived early."""
+    async with runtime.engine.connect() as conn:
+        job = await job_store.get_job(conn, job_id)
+    if job is None:
+        log.warning("job_not_found", job_id=job_id)
+        return "missing"
+    if job.state is JobState.QUEUED and job.run_after is not None:
+        # arq delivered before the row's run_after (clock skew between machines).
+        wait = max((job.run_after - _now()).total_seconds(), 0.05)
+        raise Retry(defer=timedelta(seconds=wait))
+    log.info("job_not_claimed", job_id=job_id, state=job.state.value)
+    return job.state.value
+
+
+async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome:
+    """Run the agent under its timeout while a heartbeat keeps the lease."""
+    if job.attempts > job.max_attempts:
+        lost = job_store.ErrorInfo(
+            "AttemptsExhausted", "every attempt was used by workers that stopped mid-job"
+        )
+        return Outcome("dead_lettered", error=lost)
+    agent = runtime.agents.get(job.agent)
+    if agent is None:
+        error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
+        return decide(runtime.policy, job, error, ())
+    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog)
+    timeout = min(
+        agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
+    )
+    keeper = asyncio.create_task(_keep_lease(runtime, job, jlog))
+    try:
+        async with asyncio.timeout(timeout):
+            result = await agent.run(ctx, dict(job.payload))
+        _check_result(result)
+    except Exception as exc:  # noqa: BLE001 - every agent error becomes a recorded outcome
+        return decide(runtime.policy, job, exc, agent.permanent_errors)
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+    return Outcome("completed", result=result)
+
+
+def decide(
+    policy: RetryPolicy,
+    job: job_store.Job,
+    exc: BaseException,
+    permanent: tuple[type[BaseException], ...],
+) -> Outcome:
+    """Map an agent's exception to the next state, using the database's attempt count."""
+    error = error_info(exc)
+    if is_permanent(exc, permanent):
+        return Outcome("failed", error=error)
+    if policy.exhausted(job.attempts, job.max_attempts):
+        return Outcome("dead_lettered", error=error)
+    delay = exc.after_s if isinstance(exc, RetryLater) else policy.delay(job.attempts)
+    return Outcome("retry", error=error, delay_s=delay)
+
+
+async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
+    """Write the outcome, guarded by the attempt number; hand a retry back to arq."""
+    now = _now()
+    async with transaction(runtime.engine) as conn:
+        if outcome.kind == "completed":
+            assert outcome.result is not None
+            done = await job_store.complete(
+                conn, job.id, attempt=job.attempts, result=outcome.result, now=now
+            )
+        elif outcome.kind == "retry":
+            assert outcome.error is not None
+            done = await job_store.retry(
+                conn,
+                job.id,
+                attempt=job.attempts,
+                error=outcome.error,
+                now=now,
+                run_after=now + timedelta(seconds=outcome.delay_s),
+            )
+        else:
+            assert outcome.error is not None
+            verb = job_store.fail if outcome.kind == "failed" else job_store.dead_letter
+            done = await verb(conn, job.id, attempt=job.attempts, error=outcome.error, now=now)
+    if not done:
+        jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
+        return "lease_lost"
+    error = outcome.error
+    jlog.info(
+        "job_" + outcome.kind,
+        state=JobState.QUEUED.value if outcome.kind == "retry" else outcome.kind,
+        error_class=error.error_class if error else None,
+        retry_in_s=round(outcome.delay_s, 3) if outcome.kind == "retry" else None,
+    )
+    if outcome.kind == "retry":
+        raise Retry(defer=timedelta(seconds=outcome.delay_s))
+    return outcome.kind
+
+
+def error_info(exc: BaseException) -> job_store.ErrorInfo:
+    """The class, message and traceback of `exc`, as stored on the attempt."""
+    message = str(exc) or repr(exc)
+    if isinstance(exc, TimeoutError) and not str(exc):
+        message = "the agent ran past its timeout"
+    return job_store.ErrorInfo(
+        error_class=type(exc).__name__,
+        message=message[:2000],
+        traceback="".join(traceback.format_exception(exc))[-8000:],
+    )
+
+
+async def _keep_lease(runtime: Runtime, job: job_store.Job, jlog: Any) -> None:
+    interval = runtime.settings.lease_s / 3
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            async with transaction(runtime.engine) as conn:
+                held = await job_store.heartbeat(
+                    conn,
+                    job.id,
+                    attempt=job.attempts,
+                    now=_now(),
+                    lease_s=runtime.settings.lease_s,
+                )
+        except (DBAPIError, OSError) as exc:
+            jlog.warning("heartbeat_failed", error=str(exc))
+            continue
+        if not held:
+            jlog.warning("lease_lost")
+            return
+
+
+def _check_result(result: Any) -> None:
+    if not isinstance(result, dict):
+        raise InvalidPayload(f"the agent returned {type(result).__name__}, not a dict")
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"the agent's result is not JSON: {exc}") from exc
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

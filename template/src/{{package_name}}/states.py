@@ -1,0 +1,65 @@
+"""Job states and the transitions between them (template-owned: copier-agent-worker).
+
+A state names who acts next. The same string is used in the database, the logs, the CLI
+and the docs; `TRANSITIONS` is the single table the job store, the docs diagram and the
+tests read.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """Where a job is; one line of meaning per member."""
+
+    QUEUED = "queued"  # waiting for a worker (first run, retry, or not before run_after)
+    ACTIVE = "active"  # a worker holds the lease
+    COMPLETED = "completed"  # finished; result stored
+    FAILED = "failed"  # permanent failure (bad input, GiveUp): never retried automatically
+    DEAD_LETTERED = "dead_lettered"  # retries exhausted; waits for an approved replay
+    DENIED = "denied"  # spend policy refused it before any paid call
+    IN_DOUBT = "in_doubt"  # a worker died during a paid call; the charge may have happened
+    CANCELLED = "cancelled"  # stopped by an operator
+
+
+RUNNABLE = frozenset({JobState.QUEUED})
+IN_FLIGHT = frozenset({JobState.ACTIVE})
+PARKED = frozenset({JobState.FAILED, JobState.DEAD_LETTERED, JobState.DENIED, JobState.IN_DOUBT})
+TERMINAL = frozenset({JobState.COMPLETED, JobState.CANCELLED})
+
+Q, A = JobState.QUEUED, JobState.ACTIVE
+
+# verb -> (states it moves from, state it moves to). job_store has one function per verb.
+TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
+    "claim": (frozenset({Q, A}), A),  # from ACTIVE only when the lease has expired
+    "heartbeat": (frozenset({A}), A),
+    "complete": (frozenset({A}), JobState.COMPLETED),
+    "retry": (frozenset({A}), Q),
+    "fail": (frozenset({A}), JobState.FAILED),
+    "dead_letter": (frozenset({A}), JobState.DEAD_LETTERED),
+    "deny": (frozenset({Q, A}), JobState.DENIED),
+    "rescue": (frozenset({A}), Q),  # recovery: the lease expired and no paid call is open
+    "mark_in_doubt": (frozenset({A}), JobState.IN_DOUBT),
+    "replay": (frozenset({JobState.FAILED, JobState.DEAD_LETTERED, JobState.DENIED}), Q),
+    "resolve": (frozenset({JobState.IN_DOUBT}), JobState.COMPLETED),
+    "cancel": (RUNNABLE | PARKED, JobState.CANCELLED),
+}
+
+
+def sources(verb: str) -> frozenset[JobState]:
+    """The states `verb` may move a job from.
+
+    >>> sorted(sources("complete"))
+    [<JobState.ACTIVE: 'active'>]
+    """
+    return TRANSITIONS[verb][0]
+
+
+def target(verb: str) -> JobState:
+    """The state `verb` moves a job to.
+
+    >>> target("dead_letter").value
+    'dead_lettered'
+    """
+    return TRANSITIONS[verb][1]

@@ -1,0 +1,151 @@
+"""Submit jobs: the row is committed first, then its id is pushed to arq (template-owned).
+
+Usable from a web app: `job_id = await submit("summarize", {"text": ...})`. If Redis is down
+the row stays `queued` and recovery pushes it later; the caller gets the id either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from . import catalog, job_store
+from .agent import Agent, discover
+from .db import create_engine, transaction
+from .queue import JobQueue, QueueUnavailable
+from .settings import Settings, get_settings
+
+log = structlog.get_logger("submit")
+
+
+class SubmitError(ValueError):
+    """The job was refused before anything was written; the message says why."""
+
+
+class RecordedNotQueued(QueueUnavailable):
+    """The job row is committed as `queued` but Redis did not take its id."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(
+            f"job {job_id} is recorded as queued, but Redis is unreachable ({reason}); "
+            "a worker's recovery will queue it once Redis is back"
+        )
+        self.job_id = job_id
+
+
+class Submitter:
+    """Holds a database engine and a Redis pool for repeated submits."""
+
+    def __init__(self, settings: Settings, agents: dict[str, Agent] | None = None) -> None:
+        self.settings = settings
+        self.agents = agents if agents is not None else load_agents(settings)
+        self.engine = create_engine(settings)
+        self._queue: JobQueue | None = None
+
+    def check(self, agent: str, payload: Any) -> dict[str, Any]:
+        """Refuse an unknown agent or a payload that is not a small JSON object."""
+        if agent not in self.agents:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise SubmitError(f"unknown agent {agent!r}; known agents: {known}")
+        if not isinstance(payload, dict):
+            raise SubmitError(f"the payload must be a JSON object, not {_json_type(payload)}")
+        try:
+            size = len(json.dumps(payload).encode())
+        except (TypeError, ValueError) as exc:
+            raise SubmitError(f"the payload is not JSON-serialisable: {exc}") from exc
+        limit = self.settings.max_payload_bytes
+        if size > limit:
+            raise SubmitError(
+                f"the payload is {size} bytes, over the {limit}-byte limit "
+                f"(raise it with {self.settings.model_config.get('env_prefix')}MAX_PAYLOAD_BYTES)"
+            )
+        return payload
+
+    async def submit(
+        self,
+        agent: str,
+        payload: Any,
+        *,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Record the job, then queue it; returns the job id."""
+        self.check(agent, payload)
+        config = self.agents[agent].config
+        async with transaction(self.engine) as conn:
+            job_id, created = await job_store.enqueue(
+                conn,
+                agent=agent,
+                lane=config.lane,
+                payload=payload,
+                max_attempts=config.max_attempts or catalog.MAX_ATTEMPTS,
+                owner=owner,
+                idempotency_key=idempotency_key,
+                now=datetime.now(UTC),
+            )
+        if not created:
+            log.info("job_exists", job_id=job_id, agent=agent)
+            return job_id
+        try:
+            queue = await self._get_queue()
+            await queue.push(job_id, config.lane)
+        except QueueUnavailable as exc:
+            log.warning("job_recorded_not_queued", job_id=job_id, agent=agent, error=str(exc))
+            raise RecordedNotQueued(job_id, str(exc)) from exc
+        log.info("job_submitted", job_id=job_id, agent=agent, lane=config.lane)
+        return job_id
+
+    async def _get_queue(self) -> JobQueue:
+        if self._queue is None:
+            self._queue = await JobQueue.connect(self.settings, conn_retries=0)
+        return self._queue
+
+    async def close(self) -> None:
+        if self._queue is not None:
+            await self._queue.close()
+            self._queue = None
+        await self.engine.dispose()
+
+
+def load_agents(settings: Settings) -> dict[str, Agent]:
+    """The agents this service knows: its agents package plus configured extra modules."""
+    package = __name__.rsplit(".", 1)[0] + ".agents"
+    return discover(package, catalog.AGENTS, settings.agent_modules)
+
+
+_default: dict[asyncio.AbstractEventLoop, Submitter] = {}
+
+
+async def submit(
+    agent: str,
+    payload: dict[str, Any],
+    *,
+    owner: str | None = None,
+    idempotency_key: str | None = None,
+) -> str:
+    """Submit with a process-wide `Submitter` (one per event loop); returns the job id.
+
+    Raises SubmitError for bad input (nothing written) and QueueUnavailable when the row is
+    recorded but Redis could not take it (RecordedNotQueued, with .job_id; recovery
+    queues it).
+    """
+    loop = asyncio.get_running_loop()
+    submitter = _default.get(loop)
+    if submitter is None:
+        submitter = _default[loop] = Submitter(get_settings())
+    return await submitter.submit(agent, payload, owner=owner, idempotency_key=idempotency_key)
+
+
+def _json_type(value: Any) -> str:
+    return {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
