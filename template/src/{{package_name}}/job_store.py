@@ -169,15 +169,8 @@ async def claim(
     if row is None:
         return None
     job = Job.from_row(row)
-    await conn.execute(
-        update(attempts)
-        .where(attempts.c.job_id == job_id, attempts.c.finished_at.is_(None))
-        .values(
-            finished_at=now,
-            outcome="lost",
-            error_class="WorkerLost",
-            error_message="the worker stopped before recording an outcome",
-        )
+    await _close_open_attempts(
+        conn, job_id, now, "lost", "WorkerLost", "the worker stopped before recording an outcome"
     )
     await conn.execute(
         insert(attempts).values(job_id=job_id, number=job.attempts, worker=worker, started_at=now)
@@ -277,15 +270,8 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     )
     if (await conn.execute(stmt)).rowcount != 1:
         return False
-    await conn.execute(
-        update(attempts)
-        .where(attempts.c.job_id == job_id, attempts.c.finished_at.is_(None))
-        .values(
-            finished_at=now,
-            outcome="lost",
-            error_class="WorkerLost",
-            error_message="the lease expired with no outcome recorded",
-        )
+    await _close_open_attempts(
+        conn, job_id, now, "lost", "WorkerLost", "the lease expired with no outcome recorded"
     )
     return True
 
@@ -293,6 +279,47 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
 async def cancel(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     """An operator stops a job that is waiting or parked."""
     stmt = _move("cancel", job_id, now, finished_at=now)
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def deny(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
+    """Spend policy refused the job before any paid call: `denied`, with the reason."""
+    stmt = _move("deny", job_id, now, finished_at=now, lease_expires_at=None, last_error=reason)
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await _close_open_attempts(conn, job_id, now, "denied", "SpendDenied", reason)
+    return True
+
+
+async def mark_in_doubt(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
+    """A paid call may have been charged but has no recorded outcome: park the job."""
+    stmt = _move(
+        "mark_in_doubt", job_id, now, finished_at=now, lease_expires_at=None, last_error=reason
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await _close_open_attempts(conn, job_id, now, "in_doubt", "PaidCallInDoubt", reason)
+    return True
+
+
+async def replay(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
+    """An approved replay: back to `queued` with a fresh attempt budget."""
+    stmt = _move(
+        "replay",
+        job_id,
+        now,
+        max_attempts=jobs.c.attempts + jobs.c.max_attempts,
+        finished_at=None,
+        run_after=None,
+    )
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def resolve(
+    conn: AsyncConnection, job_id: str, *, result: dict[str, Any], now: datetime
+) -> bool:
+    """An operator checked the provider and records an `in_doubt` job as completed."""
+    stmt = _move("resolve", job_id, now, result=result, finished_at=now)
     return (await conn.execute(stmt)).rowcount == 1
 
 
@@ -400,6 +427,16 @@ async def _finish(
         )
     )
     return True
+
+
+async def _close_open_attempts(
+    conn: AsyncConnection, job_id: str, now: datetime, outcome: str, error_class: str, message: str
+) -> None:
+    await conn.execute(
+        update(attempts)
+        .where(attempts.c.job_id == job_id, attempts.c.finished_at.is_(None))
+        .values(finished_at=now, outcome=outcome, error_class=error_class, error_message=message)
+    )
 
 
 def _summary(error: ErrorInfo) -> str:

@@ -34,7 +34,7 @@ def backoff(attempt: int, base_s: float, max_s: float) -> float:
     """Seconds to wait after failed attempt number `attempt` (1-based), before jitter.
 
     >>> [backoff(n, base_s=2, max_s=30) for n in range(1, 7)]
-    [2, 4, 8, 16, 30, 30]
+    [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     """
     if attempt < 1:
         raise ValueError("attempt numbers start at 1")

@@ -170,16 +170,22 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
     if not done:
         jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
         return "lease_lost"
-    error = outcome.error
+    if outcome.kind == "completed":
+        jlog.info("job_completed", state=outcome.kind)
+        return outcome.kind
+    assert outcome.error is not None
+    if outcome.kind != "retry":
+        jlog.warning(
+            "job_" + outcome.kind, state=outcome.kind, error_class=outcome.error.error_class
+        )
+        return outcome.kind
     jlog.info(
-        "job_" + outcome.kind,
-        state=JobState.QUEUED.value if outcome.kind == "retry" else outcome.kind,
-        error_class=error.error_class if error else None,
-        retry_in_s=round(outcome.delay_s, 3) if outcome.kind == "retry" else None,
+        "job_retry",
+        state=JobState.QUEUED.value,
+        error_class=outcome.error.error_class,
+        retry_in_s=round(outcome.delay_s, 3),
     )
-    if outcome.kind == "retry":
-        raise Retry(defer=timedelta(seconds=outcome.delay_s))
-    return outcome.kind
+    raise Retry(defer=timedelta(seconds=outcome.delay_s))
 
 
 def error_info(exc: BaseException) -> job_store.ErrorInfo:

@@ -19,10 +19,13 @@ import asyncio
 from typing import Any
 
 from .agent import AgentConfig, AgentContext, GiveUp, RetryLater
-from .catalog import DEFAULT_LANE, LANES
+from .catalog import DEFAULT_LANE, LANES, MAX_ATTEMPTS
 
 NAME = "scripted"
-CONFIG = AgentConfig(lane=DEFAULT_LANE, timeout_s=LANES[DEFAULT_LANE])
+# At least three attempts whatever the answers, so "fail, fail, succeed" scripts can pass.
+CONFIG = AgentConfig(
+    lane=DEFAULT_LANE, timeout_s=LANES[DEFAULT_LANE], max_attempts=max(3, MAX_ATTEMPTS)
+)
 EXAMPLE_PAYLOAD = {"script": ["error", "ok"]}
 
 

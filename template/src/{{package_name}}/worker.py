@@ -48,7 +48,11 @@ async def open_runtime(settings: Settings) -> Runtime:
         engine=create_engine(settings),
         queue=queue,
         agents=load_agents(settings),
-        policy=RetryPolicy(catalog.MAX_ATTEMPTS, catalog.BACKOFF_BASE_S, catalog.BACKOFF_MAX_S),
+        policy=RetryPolicy(
+            max_attempts=catalog.MAX_ATTEMPTS,
+            base_s=settings.backoff_base_s or catalog.BACKOFF_BASE_S,
+            max_s=settings.backoff_max_s or catalog.BACKOFF_MAX_S,
+        ),
         worker_name=f"{socket.gethostname()}:{os.getpid()}",
         lane_timeouts=lane_timeouts(settings),
     )
@@ -108,8 +112,10 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         for worker in workers:
-            with contextlib.suppress(Exception):
+            try:
                 await worker.close()
+            except Exception as exc:  # noqa: BLE001 - closing must reach every worker
+                log.warning("worker_close_failed", error=f"{type(exc).__name__}: {exc}")
         await close_runtime(runtime)
         log.info("worker_stopped", worker=runtime.worker_name)
 
