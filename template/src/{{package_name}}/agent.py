@@ -19,11 +19,11 @@ from typing import Any
 import structlog
 
 
-class GiveUp(Exception):  # noqa: N818 - the name is the contract
+class GiveUp(Exception):
     """Raise from an agent to fail the job permanently: it is never retried automatically."""
 
 
-class RetryLater(Exception):  # noqa: N818 - the name is the contract
+class RetryLater(Exception):
     """Raise from an agent to try again after `after_s` seconds (counts as an attempt)."""
 
     def __init__(self, after_s: float, reason: str = "") -> None:

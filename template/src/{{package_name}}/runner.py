@@ -31,6 +31,8 @@ log = structlog.get_logger("runner")
 
 # How soon arq should deliver a job again when the database could not be reached.
 DB_UNAVAILABLE_RETRY_S = 5
+# Added to a wait for a lease or run_after, so the next delivery lands after it.
+LEASE_RECHECK_MARGIN_S = 0.1
 
 
 @dataclass
@@ -85,15 +87,21 @@ async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
 
 
 async def not_claimed(runtime: Runtime, job_id: str) -> str:
-    """A delivery we may not run: log why; re-defer a retry that arrived early."""
+    """A delivery we may not run now: log why, and ask arq to deliver it again when a
+    retry arrived early or another worker's lease may yet run out."""
     async with runtime.engine.connect() as conn:
         job = await job_store.get_job(conn, job_id)
     if job is None:
         log.warning("job_not_found", job_id=job_id)
         return "missing"
+    due = None
     if job.state is JobState.QUEUED and job.run_after is not None:
-        # arq delivered before the row's run_after (clock skew between machines).
-        wait = max((job.run_after - _now()).total_seconds(), 0.05)
+        due = job.run_after  # arq delivered before run_after (clock skew between machines)
+    elif job.state is JobState.ACTIVE and job.lease_expires_at is not None:
+        due = job.lease_expires_at  # a live lease: the holder may still finish, or die
+    if due is not None:
+        wait = max((due - _now()).total_seconds(), 0.0) + LEASE_RECHECK_MARGIN_S
+        log.info("job_not_due", job_id=job_id, state=job.state.value, recheck_in_s=round(wait, 3))
         raise Retry(defer=timedelta(seconds=wait))
     log.info("job_not_claimed", job_id=job_id, state=job.state.value)
     return job.state.value

@@ -63,3 +63,18 @@ def target(verb: str) -> JobState:
     'dead_lettered'
     """
     return TRANSITIONS[verb][1]
+
+
+def mermaid() -> str:
+    """The lifecycle as a Mermaid state diagram, one edge per (verb, source) pair.
+
+    >>> mermaid().splitlines()[:3]
+    ['stateDiagram-v2', '    [*] --> queued: enqueue', '    queued --> active: claim']
+    """
+    lines = ["stateDiagram-v2", f"    [*] --> {JobState.QUEUED.value}: enqueue"]
+    for verb, (froms, to) in TRANSITIONS.items():
+        for source in sorted(froms, key=list(JobState).index):
+            lines.append(f"    {source.value} --> {to.value}: {verb}")
+    for state in sorted(TERMINAL, key=list(JobState).index):
+        lines.append(f"    {state.value} --> [*]")
+    return "\n".join(lines)

@@ -1,0 +1,362 @@
+"""The questions in copier.yml: defaults, examples, edge cases and every validator's message.
+
+Bad answers are given the way users give them, as `copier copy -d key=value` in a subprocess:
+Copier then prints a traceback whose last line must say what is wrong and what to write instead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import copier
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yml"))
+COPIER = [sys.executable, "-m", "copier"]
+
+
+def render(template_repo: Path, dst: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """Render with Copier's API as a user without --trust would, and return the recorded answers."""
+    copier.run_copy(
+        str(template_repo),
+        dst,
+        data=data,
+        defaults=True,
+        unsafe=False,
+        vcs_ref="HEAD",
+        quiet=True,
+    )
+    return yaml.safe_load((dst / ".copier-answers.yml").read_text())
+
+
+def copier_copy(template_repo: Path, dst: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`copier copy --defaults --vcs-ref HEAD <args> <template> <dst>`, never interactive."""
+    return subprocess.run(
+        [*COPIER, "copy", "--defaults", "--vcs-ref", "HEAD", *args, str(template_repo), str(dst)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def test_the_documented_example_answer_files_exist() -> None:
+    names = {path.name for path in EXAMPLES}
+    assert {"minimal.yml", "support-desk.yml", "research-pipeline.yml"} <= names
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.stem)
+def test_every_example_renders_and_its_answers_are_recorded(
+    template_repo: Path, tmp_path: Path, example: Path
+) -> None:
+    data = yaml.safe_load(example.read_text())
+    answers = render(template_repo, tmp_path / "out", data)
+    for key, value in data.items():
+        assert answers[key] == value, key
+
+
+def test_the_minimal_example_derives_its_slug_and_package_from_the_project_name(
+    template_repo: Path, tmp_path: Path
+) -> None:
+    data = yaml.safe_load((REPO_ROOT / "examples" / "minimal.yml").read_text())
+    answers = render(template_repo, tmp_path / "out", data)
+    assert answers["project_slug"] == "minimal-worker"
+    assert answers["package_name"] == "minimal_worker"
+    assert list(answers["agents"]) == ["summarize"]
+    assert answers["agents"]["summarize"]["paid"] is False
+
+
+def test_rendering_again_from_the_recorded_answers_gives_the_same_files(
+    template_repo: Path, tmp_path: Path
+) -> None:
+    for example in EXAMPLES:
+        first = tmp_path / example.stem / "first"
+        answers = render(template_repo, first, yaml.safe_load(example.read_text()))
+        again = tmp_path / example.stem / "again"
+        render(template_repo, again, {k: v for k, v in answers.items() if not k.startswith("_")})
+        for path in sorted(first.rglob("*")):
+            if path.is_file() and path.name != ".copier-answers.yml":
+                relative = path.relative_to(first)
+                assert (again / relative).read_text() == path.read_text(), (
+                    f"{example.name}: {relative}"
+                )
+
+
+def test_copy_with_all_defaults_needs_no_trust_and_never_prompts(
+    template_repo: Path, tmp_path: Path
+) -> None:
+    result = copier_copy(template_repo, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    answers = yaml.safe_load((tmp_path / "out" / ".copier-answers.yml").read_text())
+    assert answers["project_slug"] == "agent-worker"
+    assert answers["redis_tls"] == "none"
+    assert answers["database"] == "sqlite"
+    assert answers["global_daily_cap_usd"] is None
+    assert answers["jobs_per_hour"] is None
+
+
+def test_numbers_given_as_d_strings_keep_their_int_and_float_types(
+    template_repo: Path, tmp_path: Path
+) -> None:
+    result = copier_copy(
+        template_repo,
+        tmp_path / "out",
+        "-d", "max_attempts=5",
+        "-d", "backoff_base_s=1",
+        "-d", "backoff_max_s=60",
+        "-d", "longest_job_s=900",
+        "-d", "global_daily_cap_usd=12.5",
+        "-d", "jobs_per_hour=300",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    answers = yaml.safe_load((tmp_path / "out" / ".copier-answers.yml").read_text())
+    assert answers["max_attempts"] == 5 and type(answers["max_attempts"]) is int
+    assert answers["backoff_base_s"] == 1.0 and type(answers["backoff_base_s"]) is float
+    assert answers["backoff_max_s"] == 60.0 and type(answers["backoff_max_s"]) is float
+    assert answers["longest_job_s"] == 900 and type(answers["longest_job_s"]) is int
+    assert answers["global_daily_cap_usd"] == 12.5
+    assert answers["jobs_per_hour"] == 300
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param(
+            {"project_name": "My Cool-Service"},
+            {"project_slug": "my-cool-service", "package_name": "my_cool_service"},
+            id="dashed-project-name",
+        ),
+        pytest.param(
+            {"agents": {"only": {"paid": True, "daily_cap_usd": 3, "timeout_s": 5, "lane": "x"}}},
+            {"longest_job_s": 600},
+            id="one-agent",
+        ),
+        pytest.param(
+            {
+                "agents": {
+                    f"agent_{n}": {
+                        "paid": n % 2 == 0,
+                        "daily_cap_usd": 10 + n if n % 2 == 0 else None,
+                        "timeout_s": 60 * (n + 1),
+                        "lane": "slow" if n >= 6 else "default",
+                        "max_attempts": 1 + n % 3,
+                    }
+                    for n in range(8)
+                }
+            },
+            # Every timeout (60..480 s) fits the 600 s default of longest_job_s.
+            {"longest_job_s": 600},
+            id="eight-agents",
+        ),
+        pytest.param(
+            {"agents": {"deep": {"paid": False, "timeout_s": 1800, "lane": "slow"}}},
+            {"longest_job_s": 1800},
+            id="long-agent-raises-longest-job-default",
+        ),
+        pytest.param(
+            {"redis_provider": "upstash"},
+            {"redis_tls": "tls"},
+            id="managed-redis-defaults-to-tls",
+        ),
+    ],
+)
+def test_answer_edge_cases_render(
+    template_repo: Path, tmp_path: Path, data: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    answers = render(template_repo, tmp_path / "out", data)
+    for key, value in {**data, **expected}.items():
+        assert answers[key] == value, key
+
+
+def _agent(**fields: Any) -> str:
+    spec = {"paid": False, "timeout_s": 60, "lane": "default", **fields}
+    body = ", ".join(f"{key}: {value}" for key, value in spec.items())
+    return f"agents={{summarize: {{{body}}}}}"
+
+
+# id: (the -d answers, a fragment of the last stderr line)
+BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
+    "dashed-package-name": (
+        ["package_name=my-pkg"],
+        "write lowercase letters, digits and underscores",
+    ),
+    "keyword-package-name": (
+        ["package_name=class"],
+        "is a Python keyword",
+    ),
+    "bad-slug": (
+        ["project_slug=My_Service"],
+        "e.g. my-service",
+    ),
+    "digit-first-project-name": (
+        ["project_name=2nd Worker"],
+        "e.g. my-2nd-worker",
+    ),
+    "quote-in-description": (
+        ['description=say "hi"'],
+        "write one plain line",
+    ),
+    "empty-agents": (
+        ["agents={}"],
+        "agents is empty",
+    ),
+    "agents-not-a-mapping": (
+        ["agents=[summarize]"],
+        "agents must be a YAML mapping",
+    ),
+    "bad-agent-name": (
+        ["agents={Bad-Name: {paid: false, timeout_s: 60, lane: default}}"],
+        "e.g. bad_name",
+    ),
+    "agent-not-a-mapping": (
+        ["agents={summarize: 60}"],
+        "agent summarize must be a mapping of settings",
+    ),
+    "missing-timeout": (
+        ["agents={summarize: {paid: false, lane: default}}"],
+        "is missing timeout_s",
+    ),
+    "zero-timeout": (
+        [_agent(timeout_s=0)],
+        "has timeout_s 0; write a whole number of seconds above 0",
+    ),
+    "timeout-above-longest-job": (
+        [_agent(timeout_s=5000), "longest_job_s=600"],
+        "above longest_job_s 600; write longest_job_s 5000 or more",
+    ),
+    "bad-lane": (
+        [_agent(lane="Fast Lane")],
+        'lane "Fast Lane", which is not a valid lane name',
+    ),
+    "paid-yes-string": (
+        [_agent(paid='"yes"')],
+        'paid "yes", which is not a boolean; write paid: true',
+    ),
+    "unknown-agent-key": (
+        [_agent(colour="red")],
+        "unknown key(s) colour; the allowed keys are paid, timeout_s, lane, daily_cap_usd, "
+        "max_attempts",
+    ),
+    "negative-agent-cap": (
+        [_agent(paid="true", daily_cap_usd=-1)],
+        "has daily_cap_usd -1; write a positive number",
+    ),
+    "zero-agent-max-attempts": (
+        [_agent(max_attempts=0)],
+        "has max_attempts 0; write a whole number above 0",
+    ),
+    "unknown-redis-tls": (
+        ["redis_tls=ssl"],
+        "'ssl' is not in ['none', 'tls', 'mtls']",
+    ),
+    "unknown-redis-provider": (
+        ["redis_provider=aws"],
+        "'aws' is not in ['self-hosted', 'elasticache'",
+    ),
+    "upstash-without-tls": (
+        ["redis_provider=upstash", "redis_tls=none"],
+        "Upstash only accepts TLS connections",
+    ),
+    "unknown-database": (
+        ["database=mysql"],
+        "'mysql' is not in ['sqlite', 'postgresql']",
+    ),
+    "old-python": (
+        ["python_version=3.10"],
+        "'3.10' is not in ['3.11', '3.12', '3.13']",
+    ),
+    "zero-max-attempts": (
+        ["max_attempts=0"],
+        "max_attempts is 0; write a whole number of tries above 0",
+    ),
+    "max-attempts-not-a-number": (
+        ["max_attempts=oops"],
+        'max_attempts is "oops"; write a whole number of tries above 0',
+    ),
+    "max-attempts-fraction": (
+        ["max_attempts=2.5"],
+        'max_attempts is "2.5"; write a whole number',
+    ),
+    "negative-backoff-base": (
+        ["backoff_base_s=-1"],
+        "backoff_base_s is -1.0; write a number of seconds above 0",
+    ),
+    "backoff-base-not-a-number": (
+        ["backoff_base_s=fast"],
+        'backoff_base_s is "fast"',
+    ),
+    "zero-backoff-max": (
+        ["backoff_max_s=0"],
+        "backoff_max_s is 0.0; write a number of seconds above 0",
+    ),
+    "backoff-max-below-base": (
+        ["backoff_base_s=10", "backoff_max_s=5"],
+        "below backoff_base_s (10.0); write a value of at least 10.0",
+    ),
+    "negative-global-cap": (
+        ["global_daily_cap_usd=-5"],
+        "global_daily_cap_usd is -5; write a positive number of US dollars per day",
+    ),
+    "zero-global-cap": (
+        ["global_daily_cap_usd=0"],
+        "global_daily_cap_usd is 0; write a positive number",
+    ),
+    "zero-longest-job": (
+        ["longest_job_s=0"],
+        "longest_job_s is 0; write a whole number of seconds above 0",
+    ),
+    "zero-jobs-per-hour": (
+        ["jobs_per_hour=0"],
+        "jobs_per_hour is 0; write a whole number of jobs per hour above 0",
+    ),
+    "negative-jobs-per-hour": (
+        ["jobs_per_hour=-10"],
+        "jobs_per_hour is -10;",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("answers", "fragment"),
+    [pytest.param(answers, fragment, id=key) for key, (answers, fragment) in BAD_ANSWERS.items()],
+)
+def test_a_bad_answer_stops_the_copy_with_a_last_line_that_says_what_to_write(
+    template_repo: Path, tmp_path: Path, answers: list[str], fragment: str
+) -> None:
+    dst = tmp_path / "out"
+    args = [arg for answer in answers for arg in ("-d", answer)]
+    result = copier_copy(template_repo, dst, *args)
+    assert result.returncode != 0, result.stderr
+    message = last_line(result.stderr)
+    assert fragment in message, result.stderr
+    assert message.startswith("ValueError: "), message
+    assert not dst.exists() or not any(dst.iterdir()), sorted(dst.rglob("*"))
+
+
+def test_every_question_has_help_a_default_and_a_validator() -> None:
+    questions = {
+        key: spec
+        for key, spec in yaml.safe_load((REPO_ROOT / "copier.yml").read_text()).items()
+        if not key.startswith("_")
+    }
+    assert questions, "copier.yml has no questions"
+    for key, spec in questions.items():
+        missing = [field for field in ("help", "default", "validator") if field not in spec]
+        assert not missing, f"{key} has no {', '.join(missing)}"
+
+
+def test_copier_yml_uses_no_feature_that_needs_trust() -> None:
+    settings = yaml.safe_load((REPO_ROOT / "copier.yml").read_text())
+    assert not {"_tasks", "_jinja_extensions", "_migrations"} & settings.keys()
