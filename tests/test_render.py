@@ -99,8 +99,8 @@ def test_the_answers_file_records_the_source_and_commit_for_updates(rendered: Pa
 def test_every_template_file_says_who_owns_it(rendered: Path) -> None:
     missing = [
         str(path.relative_to(rendered))
-        for path in [*rendered.rglob("*.py"), rendered / "pyproject.toml"]
-        if not re.search(r"(template|user)-owned", "\n".join(path.read_text().splitlines()[:6]))
+        for path in [*rendered.rglob("*.py"), *rendered.rglob("*.md"), rendered / "pyproject.toml"]
+        if not re.search(r"(?i)(template|user)-owned", "\n".join(path.read_text().splitlines()[:6]))
     ]
     assert missing == []
 
