@@ -128,7 +128,7 @@ def install(project: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["minimal", "support-desk"])
+@pytest.mark.parametrize("example", ["minimal", "support-desk", "research-pipeline"])
 def test_a_rendered_example_passes_its_own_suite_against_real_services(
     example: str, template_repo: Path, tmp_path: Path
 ) -> None:
@@ -171,6 +171,9 @@ def test_the_demo_runs_end_to_end_on_the_embedded_defaults(
     assert sorted(states) == [
         ("scripted", "completed"),
         ("scripted", "dead_lettered"),
+        ("scripted_paid", "completed"),
+        ("scripted_paid", "denied"),
+        ("scripted_paid", "in_doubt"),
         ("summarize", "completed"),
         ("summarize", "failed"),
     ]

@@ -18,6 +18,9 @@ from typing import Any
 
 import structlog
 
+from .paid_calls import Cost, PaidCalls
+from .replies import ReplyFn
+
 
 class GiveUp(Exception):
     """Raise from an agent to fail the job permanently: it is never retried automatically."""
@@ -53,6 +56,25 @@ class AgentContext:
     attempt: int
     max_attempts: int
     log: Any  # a structlog logger bound to job_id, agent and attempt
+    paid: PaidCalls | None = None
+
+    async def paid_call(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[Any]],
+        *,
+        max_cost_usd: Decimal | str | int,
+        cost_usd: Cost,
+    ) -> Any:
+        """Call a paid provider at most once per job under `name`, within the spend caps.
+
+        Reserves `max_cost_usd` first (a missing or spent cap denies the job), then calls
+        `fn()`, records `cost_usd` (a Decimal, or a function of the result) and stores the
+        result; a later attempt gets the stored result back without calling again.
+        """
+        if self.paid is None:
+            raise RuntimeError("paid_call needs the context the runner gives an agent")
+        return await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
 
 
 AgentFn = Callable[[AgentContext, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -67,6 +89,7 @@ class Agent:
     run: AgentFn
     permanent_errors: tuple[type[BaseException], ...] = ()
     example_payload: Mapping[str, Any] | None = None
+    reply: ReplyFn | None = None  # the module's `async def reply(ctx, result)`, if any
 
 
 class AgentError(RuntimeError):
@@ -86,29 +109,47 @@ def discover(
     modules += [importlib.import_module(name) for name in extra_modules or []]
     agents: dict[str, Agent] = {}
     for module in modules:
-        agent = _agent_from_module(module, catalog)
-        agents[agent.name] = agent
+        for agent in _agents_from_module(module, catalog):
+            agents[agent.name] = agent
     return agents
 
 
-def _agent_from_module(module: ModuleType, catalog: Mapping[str, AgentConfig]) -> Agent:
-    name = getattr(module, "NAME", module.__name__.rsplit(".", 1)[-1])
-    config = getattr(module, "CONFIG", None) or catalog.get(name)
-    if config is None:
-        raise AgentError(
-            f"agent module {module.__name__} has no settings: add it to the template answers "
-            f"(copier update -d agents=...) or define CONFIG = AgentConfig(...) in the module"
-        )
+def _agents_from_module(module: ModuleType, catalog: Mapping[str, AgentConfig]) -> list[Agent]:
+    """The agents a module defines: itself (named after the module or NAME), or, when it has
+    an AGENTS mapping of name -> AgentConfig, one agent per entry sharing its `run`."""
     run = getattr(module, "run", None)
     if run is None or not callable(run):
         raise AgentError(f"agent module {module.__name__} must define async def run(ctx, payload)")
-    return Agent(
-        name=name,
-        config=config,
-        run=run,
-        permanent_errors=tuple(getattr(module, "PERMANENT_ERRORS", ())),
-        example_payload=getattr(module, "EXAMPLE_PAYLOAD", None),
-    )
+    configs: Mapping[str, AgentConfig | None] = getattr(module, "AGENTS", None) or {
+        getattr(module, "NAME", module.__name__.rsplit(".", 1)[-1]): getattr(module, "CONFIG", None)
+    }
+    # A module with AGENTS names its reply steps per agent in REPLIES; a single-agent module
+    # defines `reply` itself.
+    single = not hasattr(module, "AGENTS")
+    replies_of: Mapping[str, ReplyFn] = getattr(module, "REPLIES", {})
+    agents = []
+    for name, own_config in configs.items():
+        config = own_config or catalog.get(name)
+        if config is None:
+            raise AgentError(
+                # Also what an agent removed by `copier update` leaves behind: the update keeps
+                # the user's module (and its test) but drops the agent's settings from catalog.
+                f"agent module {module.__name__} has no settings for agent {name!r}: if it was "
+                "removed from the template answers, delete the module and "
+                f"tests/agents/test_{name}.py; otherwise add it to the answers "
+                f"(copier update -d agents=...) or define CONFIG = AgentConfig(...) in the module"
+            )
+        agents.append(
+            Agent(
+                name=name,
+                config=config,
+                run=run,
+                permanent_errors=tuple(getattr(module, "PERMANENT_ERRORS", ())),
+                example_payload=getattr(module, "EXAMPLE_PAYLOAD", None),
+                reply=replies_of.get(name, getattr(module, "reply", None) if single else None),
+            )
+        )
+    return agents
 
 
 def bind_logger(job_id: str, agent: str, attempt: int) -> Any:

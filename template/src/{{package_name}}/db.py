@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -41,11 +42,24 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
 
 
 def migrate(settings: Settings, revision: str = "heads") -> None:
-    """Upgrade the database schema with Alembic (synchronous: call it outside an event loop)."""
+    """Upgrade the schema to `revision` (default: every head, the template's and yours).
+
+    Two version locations, one per owner, so `copier update` never collides with your work:
+    migrations/versions/ holds the template's revisions (branch `template`), migrations/user/
+    yours (branch `user`, each depending on the template head it was written against).
+    Synchronous: call it outside an event loop.
+    """
     from alembic import command
     from alembic.config import Config
 
+    here = Path(__file__).parent / "migrations"
     config = Config()
-    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.set_main_option("script_location", str(here))
+    # Both separator names: Alembic 1.16+ reads path_separator, older versions the other.
+    config.set_main_option("path_separator", "os")
+    config.set_main_option("version_path_separator", "os")
+    config.set_main_option(
+        "version_locations", os.pathsep.join(str(here / name) for name in ("versions", "user"))
+    )
     config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
     command.upgrade(config, revision)

@@ -11,15 +11,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .models import attempts, jobs
+from .models import paid_calls as paid_calls_table
+from .models import replies as replies_table
 from .states import JobState, sources, target
 
 
@@ -169,9 +171,9 @@ async def claim(
     if row is None:
         return None
     job = Job.from_row(row)
-    await _close_open_attempts(
-        conn, job_id, now, "lost", "WorkerLost", "the worker stopped before recording an outcome"
-    )
+    if job.attempts > 1:  # a first attempt has no earlier attempt row to close
+        reason = "the worker stopped before recording an outcome"
+        await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", reason)
     await conn.execute(
         insert(attempts).values(job_id=job_id, number=job.attempts, worker=worker, started_at=now)
     )
@@ -192,9 +194,8 @@ async def complete(
     conn: AsyncConnection, job_id: str, *, attempt: int, result: dict[str, Any], now: datetime
 ) -> bool:
     """Record success: `completed` with its result."""
-    stmt = _move("complete", job_id, now, result=result, finished_at=now, lease_expires_at=None)
     return await _finish(
-        conn, stmt.where(jobs.c.attempts == attempt), job_id, attempt, now, outcome="completed"
+        conn, "complete", job_id, attempt, now, "completed", result=result, finished_at=now
     )
 
 
@@ -208,58 +209,22 @@ async def retry(
     now: datetime,
 ) -> bool:
     """Back to `queued`, not to run before `run_after`."""
-    stmt = _move(
-        "retry", job_id, now, run_after=run_after, lease_expires_at=None, last_error=_summary(error)
-    )
-    return await _finish(
-        conn,
-        stmt.where(jobs.c.attempts == attempt),
-        job_id,
-        attempt,
-        now,
-        outcome="retry",
-        error=error,
-    )
+    return await _finish(conn, "retry", job_id, attempt, now, "retry", error, run_after=run_after)
 
 
 async def fail(
     conn: AsyncConnection, job_id: str, *, attempt: int, error: ErrorInfo, now: datetime
 ) -> bool:
     """Permanent failure: `failed`, never retried automatically."""
-    stmt = _move(
-        "fail", job_id, now, finished_at=now, lease_expires_at=None, last_error=_summary(error)
-    )
-    return await _finish(
-        conn,
-        stmt.where(jobs.c.attempts == attempt),
-        job_id,
-        attempt,
-        now,
-        outcome="failed",
-        error=error,
-    )
+    return await _finish(conn, "fail", job_id, attempt, now, "failed", error, finished_at=now)
 
 
 async def dead_letter(
     conn: AsyncConnection, job_id: str, *, attempt: int, error: ErrorInfo, now: datetime
 ) -> bool:
     """Retries exhausted: `dead_lettered`, kept with every attempt's error."""
-    stmt = _move(
-        "dead_letter",
-        job_id,
-        now,
-        finished_at=now,
-        lease_expires_at=None,
-        last_error=_summary(error),
-    )
     return await _finish(
-        conn,
-        stmt.where(jobs.c.attempts == attempt),
-        job_id,
-        attempt,
-        now,
-        outcome="dead_lettered",
-        error=error,
+        conn, "dead_letter", job_id, attempt, now, "dead_lettered", error, finished_at=now
     )
 
 
@@ -282,35 +247,59 @@ async def cancel(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     return (await conn.execute(stmt)).rowcount == 1
 
 
-async def deny(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
+async def deny(
+    conn: AsyncConnection, job_id: str, *, reason: str, now: datetime, attempt: int | None = None
+) -> bool:
     """Spend policy refused the job before any paid call: `denied`, with the reason."""
     stmt = _move("deny", job_id, now, finished_at=now, lease_expires_at=None, last_error=reason)
+    if attempt is not None:
+        stmt = stmt.where(jobs.c.attempts == attempt)
     if (await conn.execute(stmt)).rowcount != 1:
         return False
     await _close_open_attempts(conn, job_id, now, "denied", "SpendDenied", reason)
     return True
 
 
-async def mark_in_doubt(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
-    """A paid call may have been charged but has no recorded outcome: park the job."""
+async def mark_in_doubt(
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    reason: str,
+    now: datetime,
+    attempt: int | None = None,
+    lost_inside_paid_call: bool = False,
+) -> bool:
+    """A paid call may have been charged but has no recorded outcome: park the job.
+
+    With `lost_inside_paid_call` (recovery), only an `active` job whose lease expired before
+    `now` and that has an open paid call matches.
+    """
     stmt = _move(
         "mark_in_doubt", job_id, now, finished_at=now, lease_expires_at=None, last_error=reason
     )
+    if attempt is not None:
+        stmt = stmt.where(jobs.c.attempts == attempt)
+    if lost_inside_paid_call:
+        open_call = exists().where(
+            paid_calls_table.c.job_id == jobs.c.id, paid_calls_table.c.state == "open"
+        )
+        stmt = stmt.where(jobs.c.lease_expires_at < now, open_call)
     if (await conn.execute(stmt)).rowcount != 1:
         return False
     await _close_open_attempts(conn, job_id, now, "in_doubt", "PaidCallInDoubt", reason)
     return True
 
 
-async def replay(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
-    """An approved replay: back to `queued` with a fresh attempt budget."""
+async def replay(conn: AsyncConnection, job_id: str, *, budget: int, now: datetime) -> bool:
+    """An approved replay: back to `queued` with `budget` fresh attempts."""
     stmt = _move(
         "replay",
         job_id,
         now,
-        max_attempts=jobs.c.attempts + jobs.c.max_attempts,
+        max_attempts=jobs.c.attempts + budget,
         finished_at=None,
         run_after=None,
+        lease_expires_at=None,
     )
     return (await conn.execute(stmt)).rowcount == 1
 
@@ -320,6 +309,12 @@ async def resolve(
 ) -> bool:
     """An operator checked the provider and records an `in_doubt` job as completed."""
     stmt = _move("resolve", job_id, now, result=result, finished_at=now)
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def reject(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
+    """An operator checked the provider and records an `in_doubt` job as failed."""
+    stmt = _move("reject", job_id, now, finished_at=now, last_error=reason)
     return (await conn.execute(stmt)).rowcount == 1
 
 
@@ -391,6 +386,47 @@ async def expired_leases(
     return list((await conn.scalars(stmt)).all())
 
 
+async def count_expired_leases(conn: AsyncConnection, *, now: datetime) -> int:
+    """How many `active` jobs have a lease that expired before `now`."""
+    stmt = select(func.count()).where(
+        jobs.c.state == JobState.ACTIVE.value, jobs.c.lease_expires_at < now
+    )
+    return int(await conn.scalar(stmt) or 0)
+
+
+async def oldest_queued(conn: AsyncConnection) -> dict[str, datetime]:
+    """Per lane, when its oldest `queued` job was created."""
+    rows = await conn.execute(
+        select(jobs.c.lane, func.min(jobs.c.created_at))
+        .where(jobs.c.state == JobState.QUEUED.value)
+        .group_by(jobs.c.lane)
+    )
+    return {lane: _utc(created) for lane, created in rows}
+
+
+async def prune(engine: Any, *, finished_before: datetime, states: frozenset[JobState]) -> int:
+    """Delete jobs in `states` that finished before `finished_before`, in batches (their
+    attempts, paid calls and replies go with them); returns how many."""
+    deleted = 0
+    while True:
+        async with engine.begin() as conn:
+            ids = (
+                await conn.scalars(
+                    select(jobs.c.id)
+                    .where(
+                        jobs.c.state.in_([s.value for s in states]),
+                        jobs.c.finished_at < finished_before,
+                    )
+                    .limit(1000)
+                )
+            ).all()
+            if not ids:
+                return deleted
+            for table in (paid_calls_table, replies_table, attempts):
+                await conn.execute(table.delete().where(table.c.job_id.in_(ids)))
+            deleted += (await conn.execute(jobs.delete().where(jobs.c.id.in_(ids)))).rowcount
+
+
 # Internals --------------------------------------------------------------------------------
 
 
@@ -405,14 +441,21 @@ def _move(verb: str, job_id: str, now: datetime, **values: Any) -> Any:
 
 async def _finish(
     conn: AsyncConnection,
-    stmt: Any,
+    verb: str,
     job_id: str,
     attempt: int,
     now: datetime,
-    *,
     outcome: str,
     error: ErrorInfo | None = None,
+    **values: Any,
 ) -> bool:
+    """Record the outcome of running attempt `attempt`: move the job with `verb` (only if
+    that attempt still holds it) and close the attempt's row."""
+    if error is not None:
+        values["last_error"] = _summary(error)
+    stmt = _move(verb, job_id, now, lease_expires_at=None, **values).where(
+        jobs.c.attempts == attempt
+    )
     if (await conn.execute(stmt)).rowcount != 1:
         return False
     await conn.execute(
@@ -437,6 +480,13 @@ async def _close_open_attempts(
         .where(attempts.c.job_id == job_id, attempts.c.finished_at.is_(None))
         .values(finished_at=now, outcome=outcome, error_class=error_class, error_message=message)
     )
+
+
+def _utc(value: Any) -> datetime:
+    # min() over a UTCDateTime column comes back untyped on SQLite: a naive UTC string.
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    assert isinstance(moment, datetime)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _summary(error: ErrorInfo) -> str:

@@ -11,7 +11,9 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Column,
+    Date,
     DateTime,
     ForeignKey,
     Index,
@@ -97,4 +99,73 @@ attempts = Table(
     Column("error_message", Text),
     Column("traceback", Text),
     UniqueConstraint("job_id", "number"),
+)
+
+
+# Money is integer micro-dollars (1 USD = 1_000_000): exact on every database, never a float.
+# The global cap and its daily totals use the agent name GLOBAL.
+GLOBAL = "*"
+
+spend_caps = Table(
+    "spend_caps",
+    metadata,
+    Column("agent", String(100), primary_key=True),
+    Column("cap_micros", BigInteger, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("updated_by", String(200), nullable=False),
+)
+
+spend_days = Table(
+    "spend_days",
+    metadata,
+    Column("day", Date, primary_key=True),  # the UTC day
+    Column("agent", String(100), primary_key=True),
+    Column("reserved_micros", BigInteger, nullable=False, server_default="0"),
+    Column("spent_micros", BigInteger, nullable=False, server_default="0"),
+)
+
+paid_calls = Table(
+    "paid_calls",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("agent", String(100), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("day", Date, nullable=False),  # the UTC day its reservation counts against
+    # open: reserved, provider called, no outcome yet; closed: settled; in_doubt: may be charged
+    Column("state", String(20), nullable=False),
+    Column("max_cost_micros", BigInteger, nullable=False),
+    Column("cost_micros", BigInteger),
+    Column("result", JSON),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    UniqueConstraint("job_id", "name"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(100), nullable=False),
+    Column("target", String(200), nullable=False),
+    Column("details", JSON, nullable=False),
+)
+
+# A completed job's reply (when its agent defines `reply`): recorded in the completing
+# transaction, sent after commit, retried by recovery until sent. Key = job id.
+replies = Table(
+    "replies",
+    metadata,
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("agent", String(100), nullable=False),
+    Column("state", String(20), nullable=False),  # pending / sending / sent
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("lease_expires_at", UTCDateTime()),
+    Column("last_error", Text),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("sent_at", UTCDateTime()),
+    Index(None, "state"),
 )

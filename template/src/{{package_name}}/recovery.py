@@ -1,68 +1,211 @@
-"""Bring lost jobs back: at worker start-up and on a timer (template-owned).
+"""Bring lost jobs back: at worker start-up, on a timer and from `recover` (template-owned).
 
-The database is the record, so recovery only ever re-pushes ids it finds there: `queued`
-rows that Redis forgot are pushed again with the same id, and `active` rows whose lease
-expired (and that no arq worker still holds) go back to `queued`. Pushing the same id twice
-is harmless: arq refuses a duplicate id and the claim refuses a job that is not due.
-Recovery re-enqueues rather than running jobs itself, so a job always runs in its lane's
-worker with that lane's timeout.
+The database is the record, so recovery only ever re-pushes ids it finds there, in two
+passes over the table, each paged by id (keyset, never OFFSET):
+
+1. `active` rows whose lease expired and whose arq in-progress key is gone lost their
+   worker: `rescue` settles each (back to `queued`, the lost attempt counted);
+2. `queued` rows that arq would never deliver (no job key, or no entry in their lane's
+   queue; arq's "job expired" results count as lost) are pushed again with the same id,
+   respecting `run_after`.
+
+Redis is asked and pushed to in batches (one script call per thousand rows or more), so a
+large table costs few round trips. Any number of reconcilers may run at once (every worker
+runs one): a rescue is a guarded UPDATE that only one of them wins, a push is atomic per
+job in Redis and refused while arq holds the job, and a delivery the job no longer needs
+is refused by the claim. Recovery re-enqueues rather than running jobs itself, so a job
+always runs in its lane's worker with that lane's timeout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import job_store
-from .db import transaction
+from . import job_store, paid_calls, replies
+from .agent import Agent
+from .db import create_engine, transaction
 from .queue import JobQueue, Push
+from .settings import Settings
+from .states import JobState
+from .submit import load_agents
 
 log = structlog.get_logger("recovery")
-PAGE = 1000
+# Rows read per page; each page costs one query and a few Redis round trips.
+PAGE = 2000
+LOST_IN_PAID_CALL = "the worker stopped inside a paid call; the provider may have charged"
+
+Progress = Callable[[int], None]
 
 
 @dataclass
 class ReconcileReport:
-    """What one reconcile pass did."""
+    """What one reconcile pass found and did (in a dry run: what it would have done)."""
 
-    rescued: int = 0
-    pushed: int = 0
-    scanned: int = 0
+    dry_run: bool = False
+    expired: int = 0  # active rows whose lease had expired
+    still_held: int = 0  # ...of which an arq worker still holds the in-progress key
+    requeued: int = 0  # rescued back to queued (the lost attempt counts)
+    in_doubt: int = 0  # rescued to in_doubt: a paid call was open
+    queued: int = 0  # queued rows checked against Redis
+    pushed: int = 0  # queued rows arq had lost, pushed again
+    replies_sent: int = 0  # replies of completed jobs that had not been sent
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-async def reconcile(engine: AsyncEngine, queue: JobQueue) -> ReconcileReport:
-    """One pass over the job table; safe to run from many workers at once."""
-    report = ReconcileReport()
-    await _rescue_expired_leases(engine, queue, report)
-    await _push_queued(engine, queue, report)
-    if report.rescued or report.pushed:
-        log.info("reconciled", rescued=report.rescued, pushed=report.pushed, scanned=report.scanned)
+async def reconcile(
+    engine: AsyncEngine,
+    queue: JobQueue,
+    *,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    reply_steps: Mapping[str, replies.ReplyFn] | None = None,
+) -> ReconcileReport:
+    """One pass over the job table; safe to run from many workers at once.
+
+    `progress` is called with the number of rows each page examined; `dry_run` reads
+    everything and changes nothing; `reply_steps` (agent name -> its `reply`) also sends the
+    replies of completed jobs that are still pending.
+    """
+    started = time.monotonic()
+    report = ReconcileReport(dry_run=dry_run)
+    await _rescue_expired_leases(engine, queue, report, progress)
+    await _push_lost_queued(engine, queue, report, progress)
+    if reply_steps and not dry_run:
+        report.replies_sent = await replies.send_pending(engine, reply_steps)
+    report.seconds = round(time.monotonic() - started, 3)
+    if not dry_run and (report.requeued or report.in_doubt or report.pushed or report.replies_sent):
+        log.info("reconciled", **report.as_dict())
     return report
 
 
+def reply_steps(agents: Mapping[str, Agent]) -> dict[str, replies.ReplyFn]:
+    """The reply step of every agent that has one, for `reconcile(reply_steps=...)`."""
+    return {name: agent.reply for name, agent in agents.items() if agent.reply is not None}
+
+
+async def rows_to_examine(engine: AsyncEngine) -> int:
+    """How many rows a pass would examine now (a progress bar's total)."""
+    async with engine.connect() as conn:
+        queued = (await job_store.count_by_state(conn)).get(JobState.QUEUED.value, 0)
+        expired = await job_store.count_expired_leases(conn, now=datetime.now(UTC))
+    return queued + expired
+
+
+async def recover(settings: Settings, *, dry_run: bool, progress_bar: bool) -> ReconcileReport:
+    """One reconcile from the command line, with a progress bar on stderr if asked."""
+    steps = reply_steps(load_agents(settings))
+    queue = await JobQueue.connect(settings, conn_retries=0)
+    engine = create_engine(settings)
+    try:
+        if not progress_bar:
+            return await reconcile(engine, queue, dry_run=dry_run, reply_steps=steps)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        total = await rows_to_examine(engine)
+        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=Console(stderr=True)) as bar:
+            task = bar.add_task("rows", total=total)
+            return await reconcile(
+                engine,
+                queue,
+                dry_run=dry_run,
+                progress=lambda n: bar.advance(task, n),
+                reply_steps=steps,
+            )
+    finally:
+        await queue.close()
+        await engine.dispose()
+
+
+def summary(report: ReconcileReport) -> str:
+    """What a pass did, in one line for people.
+
+    >>> report = ReconcileReport(expired=3, still_held=1, requeued=2, queued=9, pushed=4)
+    >>> print(summary(report))  # doctest: +NORMALIZE_WHITESPACE
+    expired leases: 3, 1 still held by a worker, 2 back to queued, 0 in_doubt;
+    queued: 9, 4 missing from Redis pushed again (0.0 s)
+    """
+    if report.dry_run:
+        back, doubt, push = "would go back to queued", "would go in_doubt", "would be pushed"
+    else:
+        back, doubt, push = "back to queued", "in_doubt", "pushed again"
+    line = (
+        f"expired leases: {report.expired}, {report.still_held} still held by a worker, "
+        f"{report.requeued} {back}, {report.in_doubt} {doubt}; "
+        f"queued: {report.queued}, {report.pushed} missing from Redis {push} "
+        f"({report.seconds:.1f} s)"
+    )
+    return line + ("; dry run: nothing was changed" if report.dry_run else "")
+
+
+async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> JobState | None:
+    """Settle one attempt whose worker vanished; returns the job's new state, or None when
+    someone else moved the job first (another reconciler, or a worker's claim).
+
+    The one place recovery decides where a lost job goes: back to `queued`, so it runs
+    again. A job that was inside a paid call belongs in `in_doubt` instead (the provider
+    may have charged), with its reservation counted as spent. Both moves only match a lease
+    that expired before `now` (the job may have been claimed again since its page was read).
+    """
+    if await job_store.mark_in_doubt(
+        conn, job_id, reason=LOST_IN_PAID_CALL, now=now, lost_inside_paid_call=True
+    ):
+        await paid_calls.park_open_calls(conn, job_id)
+        return JobState.IN_DOUBT
+    if await job_store.rescue(conn, job_id, now=now):
+        return JobState.QUEUED
+    return None
+
+
 async def _rescue_expired_leases(
-    engine: AsyncEngine, queue: JobQueue, report: ReconcileReport
+    engine: AsyncEngine, queue: JobQueue, report: ReconcileReport, progress: Progress | None
 ) -> None:
     after = ""
     while True:
+        # A rescue only matches a lease that expired before `now`, so a job claimed again
+        # after this page was read (its new lease ends after `now`) is never taken away.
         now = datetime.now(UTC)
         async with engine.connect() as conn:
             ids = await job_store.expired_leases(conn, now=now, after_id=after, limit=PAGE)
         if not ids:
             return
         after = ids[-1]
-        still_running = await queue.running(ids)
-        for job_id in ids:
-            if job_id in still_running:
-                continue
-            async with transaction(engine) as conn:
-                report.rescued += await job_store.rescue(conn, job_id, now=now)
+        held = await queue.running(ids)
+        lost = [job_id for job_id in ids if job_id not in held]
+        report.expired += len(ids)
+        report.still_held += len(held)
+        if report.dry_run:
+            report.requeued += len(lost)  # a dry run cannot tell which paid calls are open
+        elif lost:
+            await _rescue_page(engine, lost, now, report)
+        if progress is not None:
+            progress(len(ids))
 
 
-async def _push_queued(engine: AsyncEngine, queue: JobQueue, report: ReconcileReport) -> None:
+async def _rescue_page(
+    engine: AsyncEngine, job_ids: list[str], now: datetime, report: ReconcileReport
+) -> None:
+    async with transaction(engine) as conn:
+        for job_id in job_ids:
+            state = await rescue(conn, job_id, now=now)
+            report.requeued += state is JobState.QUEUED
+            report.in_doubt += state is JobState.IN_DOUBT
+
+
+async def _push_lost_queued(
+    engine: AsyncEngine, queue: JobQueue, report: ReconcileReport, progress: Progress | None
+) -> None:
     after = ""
     while True:
         async with engine.connect() as conn:
@@ -70,9 +213,11 @@ async def _push_queued(engine: AsyncEngine, queue: JobQueue, report: ReconcileRe
         if not page:
             return
         after = page[-1][0]
-        report.scanned += len(page)
-        known = await queue.known([job_id for job_id, _, _ in page])
-        missing = [
-            Push(job_id, lane, run_after) for job_id, lane, run_after in page if job_id not in known
-        ]
-        report.pushed += await queue.push_many(missing)
+        report.queued += len(page)
+        lost = await queue.missing([Push(job_id, lane, due) for job_id, lane, due in page])
+        if report.dry_run:
+            report.pushed += len(lost)
+        elif lost:
+            report.pushed += await queue.push_many(lost)
+        if progress is not None:
+            progress(len(page))

@@ -19,9 +19,10 @@ from arq.worker import Retry
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store
+from . import job_store, paid_calls, replies, spend
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .db import transaction
+from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue
 from .retry import InvalidPayload, RetryPolicy, is_permanent
 from .settings import Settings
@@ -52,7 +53,7 @@ class Runtime:
 class Outcome:
     """What one attempt ended with."""
 
-    kind: Literal["completed", "retry", "failed", "dead_lettered"]
+    kind: Literal["completed", "retry", "failed", "dead_lettered", "denied", "in_doubt"]
     result: dict[str, Any] | None = None
     error: job_store.ErrorInfo | None = None
     delay_s: float = 0.0
@@ -66,7 +67,7 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
     jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
-    outcome = await call_agent(runtime, job, jlog)
+    outcome = await check_before_running(runtime, job) or await call_agent(runtime, job, jlog)
     return await record_outcome(runtime, job, outcome, jlog)
 
 
@@ -107,18 +108,37 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
     return job.state.value
 
 
-async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome:
-    """Run the agent under its timeout while a heartbeat keeps the lease."""
+async def check_before_running(runtime: Runtime, job: job_store.Job) -> Outcome | None:
+    """An outcome decided before the agent runs: a paid call left open by a dead worker
+    (in doubt), a paid agent without cap or budget (denied), or attempts used up."""
     if job.attempts > job.max_attempts:
         lost = job_store.ErrorInfo(
             "AttemptsExhausted", "every attempt was used by workers that stopped mid-job"
         )
         return Outcome("dead_lettered", error=lost)
     agent = runtime.agents.get(job.agent)
+    paid = agent is not None and agent.config.paid
+    if job.attempts == 1 and not paid:
+        return None  # no earlier attempt could have left a paid call open; no cap to check
+    async with runtime.engine.connect() as conn:
+        if job.attempts > 1 and await paid_calls.has_open_call(conn, job.id):
+            reason = "a paid call was open when its worker stopped; the provider may have charged"
+            return Outcome("in_doubt", error=job_store.ErrorInfo("PaidCallInDoubt", reason))
+        if paid:
+            refusal = await spend.exhausted(conn, job.agent, spend.utc_day(_now()))
+            if refusal is not None:
+                return Outcome("denied", error=job_store.ErrorInfo("SpendDenied", refusal))
+    return None
+
+
+async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome:
+    """Run the agent under its timeout while a heartbeat keeps the lease."""
+    agent = runtime.agents.get(job.agent)
     if agent is None:
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
         return decide(runtime.policy, job, error, ())
-    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog)
+    paid = PaidCalls(runtime.engine, job.id, job.agent, job.attempts)
+    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog, paid)
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )
@@ -127,7 +147,7 @@ async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome
         async with asyncio.timeout(timeout):
             result = await agent.run(ctx, dict(job.payload))
         _check_result(result)
-    except Exception as exc:  # noqa: BLE001 - every agent error becomes a recorded outcome
+    except (Exception, spend.SpendDenied, PaidCallInDoubt) as exc:  # noqa: BLE001 - all recorded
         return decide(runtime.policy, job, exc, agent.permanent_errors)
     finally:
         keeper.cancel()
@@ -144,6 +164,10 @@ def decide(
 ) -> Outcome:
     """Map an agent's exception to the next state, using the database's attempt count."""
     error = error_info(exc)
+    if isinstance(exc, spend.SpendDenied):
+        return Outcome("denied", error=error)
+    if isinstance(exc, PaidCallInDoubt):
+        return Outcome("in_doubt", error=error)
     if is_permanent(exc, permanent):
         return Outcome("failed", error=error)
     if policy.exhausted(job.attempts, job.max_attempts):
@@ -155,12 +179,16 @@ def decide(
 async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
     """Write the outcome, guarded by the attempt number; hand a retry back to arq."""
     now = _now()
+    agent = runtime.agents.get(job.agent)
+    reply = agent.reply if agent is not None else None
     async with transaction(runtime.engine) as conn:
         if outcome.kind == "completed":
             assert outcome.result is not None
             done = await job_store.complete(
                 conn, job.id, attempt=job.attempts, result=outcome.result, now=now
             )
+            if done and reply is not None:
+                await replies.record_pending(conn, job.id, job.agent, now)
         elif outcome.kind == "retry":
             assert outcome.error is not None
             done = await job_store.retry(
@@ -171,6 +199,14 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
                 now=now,
                 run_after=now + timedelta(seconds=outcome.delay_s),
             )
+        elif outcome.kind in ("denied", "in_doubt"):
+            assert outcome.error is not None
+            park = job_store.deny if outcome.kind == "denied" else job_store.mark_in_doubt
+            done = await park(
+                conn, job.id, reason=outcome.error.message, now=now, attempt=job.attempts
+            )
+            if done and outcome.kind == "in_doubt":
+                await paid_calls.park_open_calls(conn, job.id)
         else:
             assert outcome.error is not None
             verb = job_store.fail if outcome.kind == "failed" else job_store.dead_letter
@@ -180,6 +216,8 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
         return "lease_lost"
     if outcome.kind == "completed":
         jlog.info("job_completed", state=outcome.kind)
+        if reply is not None:
+            await send_reply(runtime, job.id, reply, jlog)
         return outcome.kind
     assert outcome.error is not None
     if outcome.kind != "retry":
@@ -194,6 +232,14 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
         retry_in_s=round(outcome.delay_s, 3),
     )
     raise Retry(defer=timedelta(seconds=outcome.delay_s))
+
+
+async def send_reply(runtime: Runtime, job_id: str, reply: replies.ReplyFn, jlog: Any) -> None:
+    """Send a completed job's reply now; if that fails, recovery sends it later."""
+    try:
+        await replies.send(runtime.engine, job_id, reply)
+    except Exception as exc:  # noqa: BLE001 - the reply stays pending for recovery
+        jlog.warning("reply_deferred", error=f"{type(exc).__name__}: {exc}")
 
 
 def error_info(exc: BaseException) -> job_store.ErrorInfo:

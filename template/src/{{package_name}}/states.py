@@ -41,8 +41,9 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
     "deny": (frozenset({Q, A}), JobState.DENIED),
     "rescue": (frozenset({A}), Q),  # recovery: the lease expired and no paid call is open
     "mark_in_doubt": (frozenset({A}), JobState.IN_DOUBT),
-    "replay": (frozenset({JobState.FAILED, JobState.DEAD_LETTERED, JobState.DENIED}), Q),
+    "replay": (PARKED, Q),  # operator-approved; from IN_DOUBT only by `dlq resolve --outcome retry`
     "resolve": (frozenset({JobState.IN_DOUBT}), JobState.COMPLETED),
+    "reject": (frozenset({JobState.IN_DOUBT}), JobState.FAILED),
     "cancel": (RUNNABLE | PARKED, JobState.CANCELLED),
 }
 

@@ -17,7 +17,7 @@ from . import catalog, job_store
 from .agent import Agent, discover
 from .db import create_engine, transaction
 from .queue import JobQueue, QueueUnavailable
-from .settings import Settings, get_settings
+from .settings import Settings, check_redis_tls, get_settings
 
 log = structlog.get_logger("submit")
 
@@ -31,8 +31,8 @@ class RecordedNotQueued(QueueUnavailable):
 
     def __init__(self, job_id: str, reason: str) -> None:
         super().__init__(
-            f"job {job_id} is recorded as queued, but Redis is unreachable ({reason}); "
-            "a worker's recovery will queue it once Redis is back"
+            f"job {job_id} is recorded as queued, but Redis did not take it ({reason}); "
+            "a worker's recovery will queue it once Redis accepts it"
         )
         self.job_id = job_id
 
@@ -41,6 +41,8 @@ class Submitter:
     """Holds a database engine and a Redis pool for repeated submits."""
 
     def __init__(self, settings: Settings, agents: dict[str, Agent] | None = None) -> None:
+        # A Redis set-up the TLS mode refuses must fail before a row is written.
+        check_redis_tls(settings)
         self.settings = settings
         self.agents = agents if agents is not None else load_agents(settings)
         self.engine = create_engine(settings)

@@ -3,6 +3,11 @@
 Each lane is its own arq queue with its own `job_timeout`, taken from the longest timeout
 of its agents; arq's in-progress key lives that long plus 10 s, which is how long a job
 whose worker crashed waits before another worker may take it.
+
+The process outlives Redis faults: arq's worker leaves its poll loop on the first
+connection error (a Redis restart, a dropped connection, a failover), so each lane runs
+under a `LaneSupervisor` that logs the fault, pauses and builds a new arq worker, and the
+next successful connection triggers a reconcile, which re-pushes whatever Redis lost.
 """
 
 from __future__ import annotations
@@ -12,16 +17,25 @@ import contextlib
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import structlog
 from arq.worker import Worker, func
+from redis.exceptions import RedisError
 
 from . import catalog
 from .db import create_engine
-from .queue import JobQueue, deserialize, queue_name, redis_settings, serialize
-from .recovery import reconcile
+from .queue import (
+    JobQueue,
+    describe_redis_error,
+    deserialize,
+    queue_name,
+    redis_settings,
+    serialize,
+)
+from .recovery import reconcile, reply_steps
 from .retry import RetryPolicy
 from .runner import Runtime, run_job
 from .settings import Settings
@@ -33,6 +47,13 @@ log = structlog.get_logger("worker")
 RECORD_GRACE_S = 5
 # arq counts every start, re-deliveries included; our own attempt limit is the real one.
 ARQ_MAX_TRIES = 10_000
+# arq keeps a started job's in-progress key for its function's timeout plus this.
+ARQ_IN_PROGRESS_EXTRA_S = 10
+# After a fault, a lane's worker is rebuilt after a pause that doubles from the first value
+# up to the second, and drops back to the first once a rebuilt worker has run HEALTHY_RUN_S:
+# a long Redis outage costs one log line per pause, never a crash loop.
+RESTART_PAUSE_S = (1.0, 15.0)
+HEALTHY_RUN_S = 60.0
 
 
 def lane_timeouts(settings: Settings) -> dict[str, int]:
@@ -63,8 +84,23 @@ async def close_runtime(runtime: Runtime) -> None:
     await runtime.engine.dispose()
 
 
+def crash_comeback_s(lane_timeout_s: float, lease_s: float) -> float:
+    """How long a job whose worker died waits before another worker runs it: arq delivers
+    it again once its in-progress key expires (the job function's timeout, which is the
+    lane's timeout + RECORD_GRACE_S, + arq's 10 s), and the claim waits for the lease.
+
+    >>> crash_comeback_s(60, 30.0)
+    75.0
+    """
+    return float(max(lane_timeout_s + RECORD_GRACE_S + ARQ_IN_PROGRESS_EXTRA_S, lease_s))
+
+
 def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict[str, Any]:
-    """The arq WorkerSettings of one lane."""
+    """The arq WorkerSettings of one lane.
+
+    No arq hooks run job code: an exception in `on_job_start`/`on_job_end` would stop the
+    worker, so the runner does all per-job work inside the job function.
+    """
     timeout = runtime.lane_timeouts[lane]
     settings = runtime.settings
     return {
@@ -79,10 +115,132 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
         "max_tries": ARQ_MAX_TRIES,
         "burst": burst,
         "handle_signals": False,
+        # SIGTERM: stop taking jobs, give running ones the lane's timeout to finish.
         "job_completion_wait": timeout + RECORD_GRACE_S,
         "ctx": {"runtime": runtime},
         "log_results": False,
     }
+
+
+class LaneSupervisor:
+    """Keeps one lane's arq worker running across Redis faults and unexpected errors.
+
+    When the worker stops on a fault it is logged, the supervisor pauses (see
+    RESTART_PAUSE_S) and builds a new one. Jobs the old worker was running carry on to
+    their recorded outcome and its Redis pool is closed once they end, so right after a
+    fault a lane may briefly run more than `max_jobs` jobs.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        lane: str,
+        *,
+        burst: bool,
+        stopping: asyncio.Event,
+        reconnected: asyncio.Event,
+    ) -> None:
+        self.runtime = runtime
+        self.lane = lane
+        self.burst = burst
+        self.stopping = stopping
+        self.reconnected = reconnected
+        self.worker: Worker | None = None
+        self.restarts = 0
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Run the lane until it is drained, or (burst) until its queue is empty."""
+        pause = RESTART_PAUSE_S[0]
+        while not self.stopping.is_set():
+            # No await between this check and async_run creating arq's main task, so a
+            # drain signal always finds a worker it can stop.
+            worker = self.worker = self._new_worker()
+            started = time.monotonic()
+            try:
+                await worker.async_run()
+                return  # burst mode: the queue is empty
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are being cancelled ourselves
+                return  # arq ended its main loop: a drain finished
+            except Exception as exc:  # noqa: BLE001 - a fault restarts the lane, never the process
+                self.worker = None
+                self._retire(worker)
+                if self.stopping.is_set():
+                    return
+                if time.monotonic() - started >= HEALTHY_RUN_S:
+                    pause = RESTART_PAUSE_S[0]
+                self._log_fault(exc, pause)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), pause)
+            pause = min(pause * 2, RESTART_PAUSE_S[1])
+            self.restarts += 1
+
+    def drain(self, signum: signal.Signals) -> None:
+        """Stop taking jobs; running ones get the lane's timeout to finish."""
+        if self.worker is not None:
+            self.worker.handle_sig_wait_for_completion(signum)
+
+    async def finish(self, grace_s: float) -> None:
+        """Close the current worker, and give the jobs of replaced workers `grace_s`."""
+        if self.worker is not None:
+            await close_worker(self.worker)
+            self.worker = None
+        if self._retiring:
+            _, late = await asyncio.wait(self._retiring, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    def _new_worker(self) -> Worker:
+        config = worker_settings(self.runtime, self.lane, burst=self.burst)
+        return Worker(**config, on_startup=self._connected)
+
+    async def _connected(self, ctx: dict[str, Any]) -> None:
+        # arq's on_startup: Redis answered. After a fault, Redis may have lost jobs (a
+        # restart without persistence): wake recovery now rather than at its next tick.
+        # Setting an event cannot raise, so this hook cannot stop the worker.
+        if self.restarts:
+            log.info("lane_worker_reconnected", lane=self.lane, restarts=self.restarts)
+            self.reconnected.set()
+
+    def _retire(self, worker: Worker) -> None:
+        task = asyncio.create_task(_close_when_idle(worker))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def _log_fault(self, exc: Exception, pause: float) -> None:
+        if isinstance(exc, RedisError | OSError):
+            log.warning(
+                "lane_worker_lost_redis",
+                lane=self.lane,
+                error=f"{type(exc).__name__}: {describe_redis_error(exc, self.runtime.settings)}",
+                restart_in_s=pause,
+            )
+        else:
+            log.error("lane_worker_failed", lane=self.lane, restart_in_s=pause, exc_info=exc)
+
+
+async def _close_when_idle(worker: Worker) -> None:
+    """Let a replaced worker's running jobs end, then close it."""
+    try:
+        await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    finally:
+        await close_worker(worker)
+
+
+async def close_worker(worker: Worker) -> None:
+    """Close an arq worker whose jobs have ended; a dead Redis does not stop it."""
+    try:
+        await worker.close()
+    except Exception as exc:  # noqa: BLE001 - closing must not fail the shutdown
+        log.warning("worker_close_failed", error=f"{type(exc).__name__}: {exc}")
+        pool = getattr(worker, "_pool", None)  # arq keeps it when close() fails midway
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await pool.aclose()
 
 
 async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = False) -> None:
@@ -96,14 +254,18 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
             f"unknown lane {unknown[0]!r}; lanes: {', '.join(sorted(runtime.lane_timeouts))}"
         )
     await reconcile_guarded(runtime)
-    workers = [Worker(**worker_settings(runtime, lane, burst=burst)) for lane in lanes]
+    stopping, reconnected = asyncio.Event(), asyncio.Event()
+    supervisors = [
+        LaneSupervisor(runtime, lane, burst=burst, stopping=stopping, reconnected=reconnected)
+        for lane in lanes
+    ]
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, _drain, workers, signum)
-    recovery = None if burst else asyncio.create_task(_recover_periodically(runtime))
+        loop.add_signal_handler(signum, _drain, supervisors, stopping, signum)
+    recovery = None if burst else asyncio.create_task(_recover_periodically(runtime, reconnected))
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
     try:
-        await asyncio.gather(*(w.async_run() for w in workers), return_exceptions=True)
+        await asyncio.gather(*(s.run() for s in supervisors))
     finally:
         if recovery is not None:
             recovery.cancel()
@@ -111,30 +273,31 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
                 await recovery
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-        for worker in workers:
-            try:
-                await worker.close()
-            except Exception as exc:  # noqa: BLE001 - closing must reach every worker
-                log.warning("worker_close_failed", error=f"{type(exc).__name__}: {exc}")
+        grace = max(runtime.lane_timeouts[lane] for lane in lanes) + RECORD_GRACE_S
+        await asyncio.gather(*(s.finish(grace) for s in supervisors))
         await close_runtime(runtime)
         log.info("worker_stopped", worker=runtime.worker_name)
 
 
-def _drain(workers: list[Worker], signum: int) -> None:
+def _drain(supervisors: list[LaneSupervisor], stopping: asyncio.Event, signum: int) -> None:
     log.info("worker_draining", signal=signal.Signals(signum).name)
-    for worker in workers:
-        worker.handle_sig_wait_for_completion(signal.Signals(signum))
+    stopping.set()
+    for supervisor in supervisors:
+        supervisor.drain(signal.Signals(signum))
 
 
 async def reconcile_guarded(runtime: Runtime) -> None:
     """Run recovery once; a failure is logged and never stops the worker."""
     try:
-        await reconcile(runtime.engine, runtime.queue)
+        await reconcile(runtime.engine, runtime.queue, reply_steps=reply_steps(runtime.agents))
     except Exception as exc:  # noqa: BLE001 - recovery retries on its next run
         log.warning("reconcile_failed", error=f"{type(exc).__name__}: {exc}")
 
 
-async def _recover_periodically(runtime: Runtime) -> None:
+async def _recover_periodically(runtime: Runtime, reconnected: asyncio.Event) -> None:
+    """Reconcile every `recovery_interval_s`, and at once when a lane reconnects to Redis."""
     while True:
-        await asyncio.sleep(runtime.settings.recovery_interval_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reconnected.wait(), runtime.settings.recovery_interval_s)
+        reconnected.clear()
         await reconcile_guarded(runtime)

@@ -1,0 +1,52 @@
+"""The audit trail: who changed what, when (template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .models import audit_log
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audited action."""
+
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    details: dict[str, Any]
+
+
+async def record(
+    conn: AsyncConnection,
+    *,
+    actor: str,
+    action: str,
+    target: str,
+    details: dict[str, Any],
+    now: datetime,
+) -> None:
+    """Append one entry, in the caller's transaction (so it commits with the change)."""
+    await conn.execute(
+        insert(audit_log).values(at=now, actor=actor, action=action, target=target, details=details)
+    )
+
+
+async def entries(conn: AsyncConnection, *, target: str | None = None) -> list[AuditEntry]:
+    """Entries oldest first, optionally for one target (an agent name or a job id)."""
+    stmt = select(
+        audit_log.c.at,
+        audit_log.c.actor,
+        audit_log.c.action,
+        audit_log.c.target,
+        audit_log.c.details,
+    ).order_by(audit_log.c.id)
+    if target is not None:
+        stmt = stmt.where(audit_log.c.target == target)
+    return [AuditEntry(**row._mapping) for row in await conn.execute(stmt)]

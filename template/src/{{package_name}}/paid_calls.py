@@ -1,0 +1,236 @@
+"""Paid calls: a checkpoint before and after every call that may cost money
+(template-owned: copier-agent-worker).
+
+`await ctx.paid_call(name, fn, max_cost_usd=..., cost_usd=...)` reserves the maximum cost,
+commits an `open` row, calls `fn`, then settles the real cost and stores the result in a
+`closed` row. On a later attempt of the same job a closed call returns its stored result
+without calling again; an open one means a worker died mid-call, so the charge may have
+happened: the job is parked `in_doubt` and never replayed automatically.
+
+Errors from `fn` are sorted by whether the provider may have charged:
+
+| error from `fn`                                  | charged? | what happens                       |
+|--------------------------------------------------|----------|------------------------------------|
+| in NOT_CHARGED: `NotCharged`, connection refused | no       | reservation released; normal retry |
+| anything else: timeouts, resets, unknown errors  | maybe    | reserved cost spent; `in_doubt`    |
+
+Extend NOT_CHARGED with your SDK's "rejected before billing" errors (e.g. a 4xx validation
+error) by calling `not_charged(MyError)` at import time. Turn the SDK's own retries off:
+retries happen at the job level, where they are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from . import spend
+from .db import transaction
+from .models import paid_calls
+
+
+class NotCharged(Exception):
+    """Raise (or subclass) from a provider call that failed before the provider billed."""
+
+
+class PaidCallInDoubt(BaseException):
+    """A paid call may have been charged with no recorded outcome; the job must park.
+
+    A BaseException, so an agent's `except Exception` cannot swallow it by accident.
+    """
+
+
+NOT_CHARGED: tuple[type[BaseException], ...] = (NotCharged, ConnectionRefusedError)
+
+
+def not_charged(*errors: type[BaseException]) -> None:
+    """Declare SDK errors that are raised before the provider bills anything."""
+    global NOT_CHARGED
+    NOT_CHARGED = NOT_CHARGED + tuple(e for e in errors if e not in NOT_CHARGED)
+
+
+Cost = Decimal | str | int | Callable[[Any], Decimal | str | int]
+
+
+@dataclass(frozen=True)
+class PaidCall:
+    """One recorded paid call of a job."""
+
+    name: str
+    attempt: int
+    state: str
+    max_cost_usd: Decimal
+    cost_usd: Decimal | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass
+class PaidCalls:
+    """The paid-call checkpoint for one attempt of one job (what `ctx.paid_call` uses)."""
+
+    engine: AsyncEngine
+    job_id: str
+    agent: str
+    attempt: int
+    encode: Callable[[Any], Any] = lambda value: value
+    decode: Callable[[Any], Any] = lambda value: value
+
+    async def call(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[Any]],
+        *,
+        max_cost_usd: Decimal | str | int,
+        cost_usd: Cost,
+    ) -> Any:
+        """Run `fn` at most once per job under `name`, within the spend caps."""
+        max_micros = spend.to_micros(max_cost_usd)
+        day = spend.utc_day(datetime.now(UTC))
+        async with transaction(self.engine) as conn:
+            row = (
+                await conn.execute(
+                    select(paid_calls.c.state, paid_calls.c.result, paid_calls.c.attempt).where(
+                        paid_calls.c.job_id == self.job_id, paid_calls.c.name == name
+                    )
+                )
+            ).first()
+        if row is not None and row.state == "closed":
+            return self.decode(row.result)
+        if row is not None:
+            raise PaidCallInDoubt(
+                f"paid call {name!r} of attempt {row.attempt} has no recorded outcome; "
+                "the provider may have charged it"
+            )
+        await self._open(name, max_micros, day)
+        try:
+            result = await fn()
+        except NOT_CHARGED:
+            await self._forget(name, max_micros, day)
+            raise
+        except BaseException as exc:
+            await self._park(name)
+            raise PaidCallInDoubt(
+                f"paid call {name!r} failed with {type(exc).__name__} after it was sent; "
+                "the provider may have charged it"
+            ) from exc
+        cost = cost_usd(result) if callable(cost_usd) else cost_usd
+        await self._close(name, max_micros, spend.to_micros(cost), day, self.encode(result))
+        return result
+
+    async def _open(self, name: str, max_micros: int, day: date) -> None:
+        now = datetime.now(UTC)
+        async with transaction(self.engine) as conn:
+            await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
+            await conn.execute(
+                insert(paid_calls).values(
+                    job_id=self.job_id,
+                    name=name,
+                    agent=self.agent,
+                    attempt=self.attempt,
+                    day=day,
+                    state="open",
+                    max_cost_micros=max_micros,
+                    started_at=now,
+                )
+            )
+
+    async def _close(
+        self, name: str, max_micros: int, cost_micros: int, day: date, result: Any
+    ) -> None:
+        json.dumps(result)  # refuse a result that cannot be stored before touching the row
+        async with transaction(self.engine) as conn:
+            await conn.execute(
+                update(paid_calls)
+                .where(
+                    paid_calls.c.job_id == self.job_id,
+                    paid_calls.c.name == name,
+                    paid_calls.c.state == "open",
+                )
+                .values(
+                    state="closed",
+                    cost_micros=cost_micros,
+                    result=result,
+                    finished_at=datetime.now(UTC),
+                )
+            )
+            await spend.settle(
+                conn, agent=self.agent, day=day, reserved_micros=max_micros, cost_micros=cost_micros
+            )
+
+    async def _forget(self, name: str, max_micros: int, day: date) -> None:
+        async with transaction(self.engine) as conn:
+            await conn.execute(
+                paid_calls.delete().where(
+                    paid_calls.c.job_id == self.job_id,
+                    paid_calls.c.name == name,
+                    paid_calls.c.state == "open",
+                )
+            )
+            await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
+
+    async def _park(self, name: str) -> None:
+        async with transaction(self.engine) as conn:
+            await park_open_calls(conn, self.job_id, only=name)
+
+
+async def park_open_calls(conn: AsyncConnection, job_id: str, only: str | None = None) -> int:
+    """Mark a job's open calls `in_doubt` and count their whole reservation as spent."""
+    stmt = (
+        update(paid_calls)
+        .where(paid_calls.c.job_id == job_id, paid_calls.c.state == "open")
+        .values(
+            state="in_doubt",
+            cost_micros=paid_calls.c.max_cost_micros,
+            finished_at=datetime.now(UTC),
+        )
+        .returning(paid_calls.c.agent, paid_calls.c.day, paid_calls.c.max_cost_micros)
+    )
+    if only is not None:
+        stmt = stmt.where(paid_calls.c.name == only)
+    rows = (await conn.execute(stmt)).all()
+    for row in rows:
+        await spend.settle(
+            conn,
+            agent=row.agent,
+            day=row.day,
+            reserved_micros=row.max_cost_micros,
+            cost_micros=row.max_cost_micros,
+        )
+    return len(rows)
+
+
+async def has_open_call(conn: AsyncConnection, job_id: str) -> bool:
+    row = (
+        await conn.execute(
+            select(paid_calls.c.id)
+            .where(paid_calls.c.job_id == job_id, paid_calls.c.state == "open")
+            .limit(1)
+        )
+    ).first()
+    return row is not None
+
+
+async def calls_of(conn: AsyncConnection, job_id: str) -> list[PaidCall]:
+    rows = await conn.execute(
+        select(paid_calls).where(paid_calls.c.job_id == job_id).order_by(paid_calls.c.id)
+    )
+    return [
+        PaidCall(
+            name=row.name,
+            attempt=row.attempt,
+            state=row.state,
+            max_cost_usd=spend.to_usd(row.max_cost_micros),
+            cost_usd=None if row.cost_micros is None else spend.to_usd(row.cost_micros),
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+        )
+        for row in rows
+    ]

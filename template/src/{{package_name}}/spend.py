@@ -1,0 +1,297 @@
+"""Spend caps: reserve before a paid call, settle after; a missing cap denies
+(template-owned: copier-agent-worker).
+
+Money is integer micro-dollars in the database and `Decimal` in Python; a float is refused.
+A reservation is one guarded UPDATE per cap row (`... WHERE spent + reserved + :max <= cap`),
+the agent's row first and then the global row, in one transaction: concurrent workers wait
+on the row lock and re-check the condition, so together they can never overshoot a cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from . import audit
+from .db import transaction
+from .models import GLOBAL, spend_caps, spend_days
+
+MICROS = Decimal(1_000_000)
+
+
+class SpendDenied(BaseException):
+    """The spend policy refused a paid call; the message is the reason stored on the job.
+
+    A BaseException, so an agent's `except Exception` cannot swallow it by accident.
+    """
+
+
+class CapChangeRefused(ValueError):
+    """A cap change that needs an approver was asked for without one."""
+
+
+def to_micros(usd: Decimal | int | str) -> int:
+    """Dollars to integer micro-dollars, rounding half-even at the sixth decimal.
+
+    >>> to_micros(Decimal("0.1")) + to_micros("0.2") == to_micros("0.3")
+    True
+    >>> to_micros(0.1)
+    Traceback (most recent call last):
+    TypeError: money must be a Decimal, int or str, not float (got 0.1)
+    """
+    if isinstance(usd, float):
+        raise TypeError(f"money must be a Decimal, int or str, not float (got {usd!r})")
+    value = Decimal(usd) if not isinstance(usd, Decimal) else usd
+    return int((value * MICROS).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def to_usd(micros: int) -> Decimal:
+    """Micro-dollars to dollars, exactly.
+
+    >>> to_usd(1_234_500)
+    Decimal('1.2345')
+    """
+    return (Decimal(micros) / MICROS).normalize() if micros else Decimal(0)
+
+
+def utc_day(now: datetime) -> date:
+    return now.astimezone(UTC).date()
+
+
+@dataclass(frozen=True)
+class Cap:
+    """An agent's (or the global) daily cap and today's use of it."""
+
+    agent: str
+    cap_usd: Decimal
+    reserved_usd: Decimal
+    spent_usd: Decimal
+
+    @property
+    def remaining_usd(self) -> Decimal:
+        return self.cap_usd - self.reserved_usd - self.spent_usd
+
+
+async def reserve(conn: AsyncConnection, *, agent: str, max_micros: int, day: date) -> None:
+    """Reserve `max_micros` against the agent's cap and the global cap, or raise SpendDenied.
+
+    Call inside a transaction: a refusal by the global cap must roll back the agent's
+    reservation, so raise out of the transaction block.
+    """
+    # Write first: on SQLite this takes the write lock before any read, so two workers
+    # never both read and then both try to upgrade to writing (an instant "database locked").
+    for key in (agent, GLOBAL):
+        await _ensure_day_row(conn, day, key)
+    caps = await _caps(conn, [agent, GLOBAL])
+    if agent not in caps:
+        raise SpendDenied(f"no spend cap set for agent {agent}: set one with `caps set`")
+    for key in (agent, GLOBAL):
+        if key not in caps:
+            continue
+        if not await _reserve_row(conn, day, key, max_micros, caps[key]):
+            used = await _used(conn, day, key)
+            who = f"agent {agent}" if key == agent else "the global cap"
+            raise SpendDenied(
+                f"daily cap reached for {who}: ${to_usd(caps[key])} cap, ${to_usd(used)} "
+                f"reserved or spent on {day.isoformat()}, ${to_usd(max_micros)} more asked"
+            )
+
+
+async def settle(
+    conn: AsyncConnection, *, agent: str, day: date, reserved_micros: int, cost_micros: int
+) -> None:
+    """Turn a reservation into spend: `cost` is spent, the rest of the reservation released."""
+    for key in await _capped_keys(conn, agent):
+        await conn.execute(
+            update(spend_days)
+            .where(spend_days.c.day == day, spend_days.c.agent == key)
+            .values(
+                reserved_micros=spend_days.c.reserved_micros - reserved_micros,
+                spent_micros=spend_days.c.spent_micros + cost_micros,
+            )
+        )
+
+
+async def release(conn: AsyncConnection, *, agent: str, day: date, reserved_micros: int) -> None:
+    """Give a reservation back: the call was definitely not charged."""
+    await settle(conn, agent=agent, day=day, reserved_micros=reserved_micros, cost_micros=0)
+
+
+async def has_cap(conn: AsyncConnection, agent: str) -> bool:
+    return agent in await _caps(conn, [agent])
+
+
+async def exhausted(conn: AsyncConnection, agent: str, day: date) -> str | None:
+    """Why a paid agent may not start at all today (no cap, or nothing left), or None."""
+    caps = await _caps(conn, [agent, GLOBAL])
+    if agent not in caps:
+        return f"no spend cap set for agent {agent}: set one with `caps set`"
+    for key, cap in caps.items():
+        used = await _used(conn, day, key)
+        if used >= cap:
+            who = f"agent {agent}" if key == agent else "the global cap"
+            return f"daily cap reached for {who}: ${to_usd(cap)} cap, ${to_usd(used)} used"
+    return None
+
+
+# Caps: seeded from the answers, then changed only through set_cap (audited). -------------
+
+
+async def seed_caps(engine: AsyncEngine, answers: Mapping[str, Decimal | None]) -> list[str]:
+    """Insert a cap row for every answered cap that has none yet; returns the agents seeded."""
+    seeded: list[str] = []
+    now = datetime.now(UTC)
+    async with transaction(engine) as conn:
+        existing = await _caps(conn, list(answers))
+        for agent, cap in answers.items():
+            if cap is None or agent in existing:
+                continue
+            await conn.execute(
+                spend_caps.insert().values(
+                    agent=agent, cap_micros=to_micros(cap), updated_at=now, updated_by="answers"
+                )
+            )
+            await audit.record(
+                conn,
+                actor="template answers",
+                action="cap_seeded",
+                target=agent,
+                details={"cap_usd": str(cap)},
+                now=now,
+            )
+            seeded.append(agent)
+    return seeded
+
+
+async def set_cap(
+    engine: AsyncEngine,
+    agent: str,
+    cap_usd: Decimal,
+    *,
+    approved_by: str | None,
+    reason: str | None = None,
+) -> tuple[Decimal | None, Decimal]:
+    """Change a daily cap; raising it (or setting a first cap) needs `approved_by`.
+
+    Returns (old cap or None, new cap). The change and its audit row commit together.
+    """
+    if cap_usd < 0:
+        raise ValueError("a cap cannot be negative")
+    now = datetime.now(UTC)
+    new = to_micros(cap_usd)
+    async with transaction(engine) as conn:
+        old = (await _caps(conn, [agent])).get(agent)
+        raising = old is None or new > old
+        if raising and not approved_by:
+            raise CapChangeRefused(
+                f"raising the cap of {agent} needs --approved-by NAME (who approved the spend)"
+            )
+        actor = approved_by or "operator"
+        dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        stmt = dialect_insert(spend_caps).values(
+            agent=agent, cap_micros=new, updated_at=now, updated_by=actor
+        )
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[spend_caps.c.agent],
+                set_={"cap_micros": new, "updated_at": now, "updated_by": actor},
+            )
+        )
+        await audit.record(
+            conn,
+            actor=actor,
+            action="cap_raised" if raising else "cap_lowered",
+            target=agent,
+            details={
+                "old_cap_usd": None if old is None else str(to_usd(old)),
+                "new_cap_usd": str(to_usd(new)),
+                "reason": reason,
+            },
+            now=now,
+        )
+    return (None if old is None else to_usd(old)), to_usd(new)
+
+
+async def caps_for_day(conn: AsyncConnection, day: date) -> list[Cap]:
+    """Every cap with its use on `day`, agents by name, the global cap last."""
+    rows = await conn.execute(
+        select(
+            spend_caps.c.agent,
+            spend_caps.c.cap_micros,
+            spend_days.c.reserved_micros,
+            spend_days.c.spent_micros,
+        ).select_from(
+            spend_caps.outerjoin(
+                spend_days,
+                (spend_days.c.agent == spend_caps.c.agent) & (spend_days.c.day == day),
+            )
+        )
+    )
+    caps = [
+        Cap(
+            row.agent,
+            to_usd(row.cap_micros),
+            to_usd(row.reserved_micros or 0),
+            to_usd(row.spent_micros or 0),
+        )
+        for row in rows
+    ]
+    return sorted(caps, key=lambda cap: (cap.agent == GLOBAL, cap.agent))
+
+
+# Internals --------------------------------------------------------------------------------
+
+
+async def _caps(conn: AsyncConnection, agents: list[str]) -> dict[str, int]:
+    rows = await conn.execute(
+        select(spend_caps.c.agent, spend_caps.c.cap_micros).where(spend_caps.c.agent.in_(agents))
+    )
+    return {row.agent: int(row.cap_micros) for row in rows}
+
+
+async def _capped_keys(conn: AsyncConnection, agent: str) -> list[str]:
+    caps = await _caps(conn, [agent, GLOBAL])
+    return [key for key in (agent, GLOBAL) if key in caps]
+
+
+async def _ensure_day_row(conn: AsyncConnection, day: date, key: str) -> None:
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    await conn.execute(
+        dialect_insert(spend_days)
+        .values(day=day, agent=key, reserved_micros=0, spent_micros=0)
+        .on_conflict_do_nothing()
+    )
+
+
+async def _reserve_row(
+    conn: AsyncConnection, day: date, key: str, max_micros: int, cap_micros: int
+) -> bool:
+    c = spend_days.c
+    result = await conn.execute(
+        update(spend_days)
+        .where(
+            c.day == day,
+            c.agent == key,
+            c.spent_micros + c.reserved_micros + max_micros <= cap_micros,
+        )
+        .values(reserved_micros=c.reserved_micros + max_micros)
+    )
+    return result.rowcount == 1
+
+
+async def _used(conn: AsyncConnection, day: date, key: str) -> int:
+    row = (
+        await conn.execute(
+            select(spend_days.c.reserved_micros + spend_days.c.spent_micros).where(
+                spend_days.c.day == day, spend_days.c.agent == key
+            )
+        )
+    ).first()
+    return int(row[0]) if row is not None else 0
