@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import job_store, paid_calls, replies, spend
 from .agent import Agent, AgentContext, RetryLater, bind_logger
+from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue
@@ -34,6 +35,11 @@ log = structlog.get_logger("runner")
 DB_UNAVAILABLE_RETRY_S = 5
 # Added to a wait for a lease or run_after, so the next delivery lands after it.
 LEASE_RECHECK_MARGIN_S = 0.1
+# An outcome that cannot be written because the database is briefly away is tried again
+# after these pauses (about 15 s in all, well inside a lease) before the worker gives up and
+# leaves the job to recovery, which runs it again once its lease expires.
+RECORD_RETRY_PAUSES_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+DATABASE_ERRORS = (DBAPIError, OSError, DatabaseUnavailable)
 
 
 @dataclass
@@ -47,6 +53,8 @@ class Runtime:
     policy: RetryPolicy
     worker_name: str
     lane_timeouts: dict[str, int] = field(default_factory=dict)
+    # PostgreSQL: claims and completions of concurrent jobs, batched (see batched.py).
+    batched: BatchedWrites | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
 async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
     """The claim, or an arq retry when the database cannot be reached right now."""
     try:
+        if runtime.batched is not None:
+            return await runtime.batched.claim(job_id)
         async with transaction(runtime.engine) as conn:
             return await job_store.claim(
                 conn,
@@ -82,7 +92,7 @@ async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
                 now=_now(),
                 lease_s=runtime.settings.lease_s,
             )
-    except (DBAPIError, OSError) as exc:
+    except DATABASE_ERRORS as exc:
         log.warning("claim_failed_database_unavailable", job_id=job_id, error=str(exc))
         raise Retry(defer=DB_UNAVAILABLE_RETRY_S) from exc
 
@@ -178,16 +188,61 @@ def decide(
 
 async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
     """Write the outcome, guarded by the attempt number; hand a retry back to arq."""
-    now = _now()
     agent = runtime.agents.get(job.agent)
     reply = agent.reply if agent is not None else None
+    done = await write_outcome_patiently(runtime, job, outcome, reply is not None, jlog)
+    if not done:
+        jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
+        return "lease_lost"
+    if outcome.kind == "completed":
+        jlog.info("job_completed", state=outcome.kind)
+        if reply is not None:
+            await send_reply(runtime, job.id, reply, jlog)
+        return outcome.kind
+    assert outcome.error is not None
+    if outcome.kind != "retry":
+        jlog.warning(
+            "job_" + outcome.kind, state=outcome.kind, error_class=outcome.error.error_class
+        )
+        return outcome.kind
+    jlog.info(
+        "job_retry",
+        state=JobState.QUEUED.value,
+        error_class=outcome.error.error_class,
+        retry_in_s=round(outcome.delay_s, 3),
+    )
+    raise Retry(defer=timedelta(seconds=outcome.delay_s))
+
+
+async def write_outcome_patiently(
+    runtime: Runtime, job: job_store.Job, outcome: Outcome, has_reply: bool, jlog: Any
+) -> bool:
+    """`write_outcome`, tried again while the database is briefly unreachable."""
+    for pause in RECORD_RETRY_PAUSES_S:
+        try:
+            return await write_outcome(runtime, job, outcome, has_reply=has_reply)
+        except DATABASE_ERRORS as exc:
+            jlog.warning("outcome_write_failed", error=str(exc), retry_in_s=pause)
+            await asyncio.sleep(pause)
+    return await write_outcome(runtime, job, outcome, has_reply=has_reply)
+
+
+async def write_outcome(
+    runtime: Runtime, job: job_store.Job, outcome: Outcome, *, has_reply: bool
+) -> bool:
+    """One try at writing `outcome` for the attempt `job.attempts`; False when that attempt
+    no longer holds the job (its lease was taken over)."""
+    now = _now()
+    if outcome.kind == "completed" and not has_reply and runtime.batched is not None:
+        assert outcome.result is not None
+        return await runtime.batched.complete(job.id, attempt=job.attempts, result=outcome.result)
     async with transaction(runtime.engine) as conn:
         if outcome.kind == "completed":
             assert outcome.result is not None
             done = await job_store.complete(
                 conn, job.id, attempt=job.attempts, result=outcome.result, now=now
             )
-            if done and reply is not None:
+            if done and has_reply:
                 await replies.record_pending(conn, job.id, job.agent, now)
         elif outcome.kind == "retry":
             assert outcome.error is not None
@@ -211,27 +266,7 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
             assert outcome.error is not None
             verb = job_store.fail if outcome.kind == "failed" else job_store.dead_letter
             done = await verb(conn, job.id, attempt=job.attempts, error=outcome.error, now=now)
-    if not done:
-        jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
-        return "lease_lost"
-    if outcome.kind == "completed":
-        jlog.info("job_completed", state=outcome.kind)
-        if reply is not None:
-            await send_reply(runtime, job.id, reply, jlog)
-        return outcome.kind
-    assert outcome.error is not None
-    if outcome.kind != "retry":
-        jlog.warning(
-            "job_" + outcome.kind, state=outcome.kind, error_class=outcome.error.error_class
-        )
-        return outcome.kind
-    jlog.info(
-        "job_retry",
-        state=JobState.QUEUED.value,
-        error_class=outcome.error.error_class,
-        retry_in_s=round(outcome.delay_s, 3),
-    )
-    raise Retry(defer=timedelta(seconds=outcome.delay_s))
+    return done
 
 
 async def send_reply(runtime: Runtime, job_id: str, reply: replies.ReplyFn, jlog: Any) -> None:

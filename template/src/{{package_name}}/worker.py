@@ -26,6 +26,7 @@ from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from . import catalog
+from .batched import BatchedWrites
 from .db import create_engine
 from .queue import (
     JobQueue,
@@ -64,6 +65,16 @@ def lane_timeouts(settings: Settings) -> dict[str, int]:
 async def open_runtime(settings: Settings) -> Runtime:
     """Connect to the database and Redis, and discover agents."""
     queue = await JobQueue.connect(settings)
+    worker_name = f"{socket.gethostname()}:{os.getpid()}"
+    batched = None
+    if settings.batch_writes and not settings.is_sqlite:
+        batched = BatchedWrites(
+            settings.database_url,
+            worker=worker_name,
+            lease_s=settings.lease_s,
+            window_s=settings.batch_window_s,
+            batch_size=settings.max_jobs,
+        )
     return Runtime(
         settings=settings,
         engine=create_engine(settings),
@@ -74,13 +85,16 @@ async def open_runtime(settings: Settings) -> Runtime:
             base_s=settings.backoff_base_s or catalog.BACKOFF_BASE_S,
             max_s=settings.backoff_max_s or catalog.BACKOFF_MAX_S,
         ),
-        worker_name=f"{socket.gethostname()}:{os.getpid()}",
+        worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
+        batched=batched,
     )
 
 
 async def close_runtime(runtime: Runtime) -> None:
     await runtime.queue.close()
+    if runtime.batched is not None:
+        await runtime.batched.close()
     await runtime.engine.dispose()
 
 
