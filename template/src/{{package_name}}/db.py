@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .settings import Settings, async_database_url
 
+MIGRATIONS = Path(__file__).parent / "migrations"
+
 
 def create_engine(settings: Settings) -> AsyncEngine:
     """An async engine for `settings.database_url`, with SQLite tuned for several processes."""
@@ -41,25 +43,34 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         yield conn
 
 
-def migrate(settings: Settings, revision: str = "heads") -> None:
-    """Upgrade the schema to `revision` (default: every head, the template's and yours).
+def alembic_config(database_url: str | None = None) -> Any:
+    """The Alembic configuration of this service's migrations (an `alembic.config.Config`).
 
     Two version locations, one per owner, so `copier update` never collides with your work:
     migrations/versions/ holds the template's revisions (branch `template`), migrations/user/
     yours (branch `user`, each depending on the template head it was written against).
-    Synchronous: call it outside an event loop.
     """
-    from alembic import command
     from alembic.config import Config
 
-    here = Path(__file__).parent / "migrations"
     config = Config()
-    config.set_main_option("script_location", str(here))
+    config.set_main_option("script_location", str(MIGRATIONS))
     # Both separator names: Alembic 1.16+ reads path_separator, older versions the other.
     config.set_main_option("path_separator", "os")
     config.set_main_option("version_path_separator", "os")
     config.set_main_option(
-        "version_locations", os.pathsep.join(str(here / name) for name in ("versions", "user"))
+        "version_locations",
+        os.pathsep.join(str(MIGRATIONS / name) for name in ("versions", "user")),
     )
-    config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
-    command.upgrade(config, revision)
+    if database_url is not None:
+        config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def migrate(settings: Settings, revision: str = "heads") -> None:
+    """Upgrade the schema to `revision` (default: every head, the template's and yours).
+
+    Synchronous: call it outside an event loop.
+    """
+    from alembic import command
+
+    command.upgrade(alembic_config(settings.database_url), revision)
