@@ -102,6 +102,8 @@ class PaidCalls:
                     )
                 )
             ).first()
+            if row is None:
+                await self._open(conn, name, max_micros, day)
         if row is not None and row.state == "closed":
             return self.decode(row.result)
         if row is not None:
@@ -109,7 +111,6 @@ class PaidCalls:
                 f"paid call {name!r} of attempt {row.attempt} has no recorded outcome; "
                 "the provider may have charged it"
             )
-        await self._open(name, max_micros, day)
         try:
             result = await fn()
         except NOT_CHARGED:
@@ -125,22 +126,22 @@ class PaidCalls:
         await self._close(name, max_micros, spend.to_micros(cost), day, self.encode(result))
         return result
 
-    async def _open(self, name: str, max_micros: int, day: date) -> None:
-        now = datetime.now(UTC)
-        async with transaction(self.engine) as conn:
-            await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
-            await conn.execute(
-                insert(paid_calls).values(
-                    job_id=self.job_id,
-                    name=name,
-                    agent=self.agent,
-                    attempt=self.attempt,
-                    day=day,
-                    state="open",
-                    max_cost_micros=max_micros,
-                    started_at=now,
-                )
+    async def _open(self, conn: AsyncConnection, name: str, max_micros: int, day: date) -> None:
+        """Reserve `max_micros` under the caps and record the call as open, in `conn`'s
+        transaction (a refused reservation raises SpendDenied and writes nothing)."""
+        await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
+        await conn.execute(
+            insert(paid_calls).values(
+                job_id=self.job_id,
+                name=name,
+                agent=self.agent,
+                attempt=self.attempt,
+                day=day,
+                state="open",
+                max_cost_micros=max_micros,
+                started_at=datetime.now(UTC),
             )
+        )
 
     async def _close(
         self, name: str, max_micros: int, cost_micros: int, day: date, result: Any
