@@ -1,18 +1,19 @@
-"""Claims and completions of concurrent jobs, each batch in one PostgreSQL statement
+"""Claims and completions of concurrent jobs, written in batches
 (template-owned: copier-agent-worker).
 
-A worker runs up to `max_jobs` jobs at once, and arq starts the jobs of one poll in the
-same turn of the event loop. Written one by one, every claim and every completion costs a
-pool checkout, BEGIN, two statements and COMMIT. Here the claims that arrive while the
-previous claim statement is in flight wait for it and then go together as one statement
-(`... WHERE id = ANY($1)`), and so do completions: one round trip for many jobs. Each
-statement is a single autocommitted PostgreSQL statement whose data-modifying CTEs move the
-job rows and their attempt rows together, so a batch is as atomic as the transaction it
-replaces, and the guards are the same as `job_store`'s verbs (`states.TRANSITIONS`).
+A worker runs up to `max_jobs` jobs at once. Written one by one, every claim and every
+completion costs a pool checkout, BEGIN, two statements and COMMIT. Here the claims that
+arrive within a few milliseconds of each other (or while the previous batch is being
+written) go together, and so do completions:
+
+- PostgreSQL: one autocommitted statement per batch (`... WHERE id = ANY($1)`), whose
+  data-modifying CTEs move the job rows and their attempt rows together, so a batch is as
+  atomic as the transaction it replaces; the guards are those of `job_store`'s verbs.
+- SQLite (one writer anyway): one transaction per batch running `job_store`'s own verbs.
 
 Only the hot path goes through here: claims, and completions of agents without a reply
 step. Everything else (retries, failures, parking, replies, heartbeats) uses `job_store`
-through SQLAlchemy. SQLite keeps the one-by-one path: it has one writer anyway.
+one job at a time.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import asyncpg
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from . import job_store
+from .db import transaction
 from .job_store import Job
 from .states import JobState
 
@@ -54,7 +59,7 @@ WITH claimed AS (
         claimed_at = $3, updated_at = $3, lease_expires_at = $4, run_after = NULL
     WHERE id = ANY($1::text[])
       AND ((state = 'queued' AND (run_after IS NULL OR run_after <= $3))
-           OR (state = 'active' AND lease_expires_at < $3))
+           OR (state = 'active' AND lease_expires_at < $3 AND attempts < max_attempts))
     RETURNING jobs.*
 ), lost AS (
     UPDATE attempts
@@ -151,26 +156,15 @@ class Batcher(Generic[T, R]):
 
 
 class BatchedWrites:
-    """The hot-path writes of one worker process, on two connections of its own."""
+    """The hot-path writes of one worker process: claims and completions, batched."""
 
-    def __init__(
-        self,
-        database_url: str,
-        *,
-        worker: str,
-        lease_s: float,
-        window_s: float,
-        batch_size: int,
-    ) -> None:
-        url = make_url(database_url).set(drivername="postgresql")
-        self._dsn = url.render_as_string(hide_password=False)
-        self._worker = worker
-        self._lease = timedelta(seconds=lease_s)
-        self._connections: dict[str, asyncpg.Connection] = {}
+    def __init__(self, *, worker: str, lease_s: float, window_s: float, batch_size: int) -> None:
+        self.worker = worker
+        self.lease_s = lease_s
         self._claims: Batcher[str, Job | None] = Batcher(
             self._claim_batch, window_s=window_s, size=batch_size
         )
-        self._completions: Batcher[tuple[str, int, str], bool] = Batcher(
+        self._completions: Batcher[Completion, bool] = Batcher(
             self._complete_batch, window_s=window_s, size=batch_size
         )
 
@@ -180,34 +174,61 @@ class BatchedWrites:
 
     async def complete(self, job_id: str, *, attempt: int, result: dict[str, Any]) -> bool:
         """`job_store.complete`, batched: False when attempt `attempt` no longer holds it."""
-        return await self._completions.submit((job_id, attempt, json.dumps(result)))
+        return await self._completions.submit(Completion(job_id, attempt, result))
+
+    async def close(self) -> None:
+        """Release what the writes hold (connections)."""
+
+    async def _claim_batch(self, job_ids: list[str]) -> list[Job | None]:
+        # A job id delivered twice in one batch is claimed once: the first caller runs it.
+        claimed = await self.claim_all(list(dict.fromkeys(job_ids)), datetime.now(UTC))
+        return [claimed.pop(job_id, None) for job_id in job_ids]
+
+    async def _complete_batch(self, items: list[Completion]) -> list[bool]:
+        done = await self.complete_all(items, datetime.now(UTC))
+        return [item.job_id in done for item in items]
+
+    async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
+        """Claim the claimable ones of `job_ids` (distinct) at `now`; by id."""
+        raise NotImplementedError
+
+    async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
+        """Record the completions whose attempt still holds its job; their ids."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Completion:
+    job_id: str
+    attempt: int
+    result: dict[str, Any]
+
+
+class PostgresBatchedWrites(BatchedWrites):
+    """Each batch in one statement, on two asyncpg connections of the worker's own."""
+
+    def __init__(self, database_url: str, **options: Any) -> None:
+        super().__init__(**options)
+        url = make_url(database_url).set(drivername="postgresql")
+        self._dsn = url.render_as_string(hide_password=False)
+        self._connections: dict[str, asyncpg.Connection] = {}
 
     async def close(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
             connection.terminate()
 
-    async def _claim_batch(self, job_ids: list[str]) -> list[Job | None]:
-        now = datetime.now(UTC)
-        rows = await self._fetch(
-            "claims", CLAIM_SQL, list(set(job_ids)), self._worker, now, now + self._lease
-        )
-        claimed = {row["id"]: _job(row) for row in rows}
-        # A job id delivered twice in one batch is claimed once: the first caller runs it.
-        return [claimed.pop(job_id, None) for job_id in job_ids]
+    async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
+        lease_end = now + timedelta(seconds=self.lease_s)
+        rows = await self._fetch("claims", CLAIM_SQL, job_ids, self.worker, now, lease_end)
+        return {row["id"]: _job(row) for row in rows}
 
-    async def _complete_batch(self, items: list[tuple[str, int, str]]) -> list[bool]:
-        ids, attempts, results = (list(column) for column in zip(*items, strict=True))
-        rows = await self._fetch(
-            "completions",
-            COMPLETE_SQL,
-            ids,
-            attempts,
-            results,
-            datetime.now(UTC),
-        )
-        done = {row["id"] for row in rows}
-        return [job_id in done for job_id, _, _ in items]
+    async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
+        ids = [item.job_id for item in items]
+        attempts = [item.attempt for item in items]
+        results = [json.dumps(item.result) for item in items]
+        rows = await self._fetch("completions", COMPLETE_SQL, ids, attempts, results, now)
+        return {row["id"] for row in rows}
 
     async def _fetch(self, name: str, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
         try:
@@ -222,6 +243,36 @@ class BatchedWrites:
                 dropped.terminate()
             raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return rows
+
+
+class EngineBatchedWrites(BatchedWrites):
+    """Each batch in one transaction of `job_store`'s own verbs (SQLite: one writer, so one
+    transaction for many jobs instead of one each)."""
+
+    def __init__(self, engine: AsyncEngine, **options: Any) -> None:
+        super().__init__(**options)
+        self._engine = engine
+
+    async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
+        claimed: dict[str, Job] = {}
+        async with transaction(self._engine) as conn:
+            for job_id in job_ids:
+                job = await job_store.claim(
+                    conn, job_id, worker=self.worker, now=now, lease_s=self.lease_s
+                )
+                if job is not None:
+                    claimed[job_id] = job
+        return claimed
+
+    async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
+        done: set[str] = set()
+        async with transaction(self._engine) as conn:
+            for item in items:
+                if await job_store.complete(
+                    conn, item.job_id, attempt=item.attempt, result=item.result, now=now
+                ):
+                    done.add(item.job_id)
+        return done
 
 
 def _job(row: asyncpg.Record) -> Job:

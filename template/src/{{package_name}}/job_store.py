@@ -24,6 +24,9 @@ from .models import paid_calls as paid_calls_table
 from .models import replies as replies_table
 from .states import JobState, sources, target
 
+LEASE_EXPIRED = "the lease expired with no outcome recorded"
+ALL_ATTEMPTS_LOST = "the last attempt's worker stopped before recording an outcome"
+
 
 @dataclass(frozen=True)
 class ErrorInfo:
@@ -142,7 +145,7 @@ async def claim(
 
     Counts the attempt, opens its `attempts` row and closes any attempt a vanished worker
     left open. Returns None when the job is not claimable (running elsewhere, finished,
-    parked, or not yet due).
+    parked, not yet due, or lost on its last attempt).
     """
     sql_state = jobs.c.state
     claimable = or_(
@@ -150,7 +153,13 @@ async def claim(
             sql_state == JobState.QUEUED.value,
             or_(jobs.c.run_after.is_(None), jobs.c.run_after <= now),
         ),
-        and_(sql_state == JobState.ACTIVE.value, jobs.c.lease_expires_at < now),
+        # A lost attempt is taken over only while attempts remain; a lost last attempt is
+        # settled by `exhaust` (or `mark_in_doubt`) instead.
+        and_(
+            sql_state == JobState.ACTIVE.value,
+            jobs.c.lease_expires_at < now,
+            jobs.c.attempts < jobs.c.max_attempts,
+        ),
     )
     row = (
         await conn.execute(
@@ -229,15 +238,31 @@ async def dead_letter(
 
 
 async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
-    """Recovery: an `active` job whose lease expired goes back to `queued`."""
+    """Recovery: an `active` job whose lease expired, with attempts left, goes back to
+    `queued`."""
     stmt = _move("rescue", job_id, now, lease_expires_at=None, run_after=None).where(
-        jobs.c.lease_expires_at < now
+        jobs.c.lease_expires_at < now, jobs.c.attempts < jobs.c.max_attempts
     )
     if (await conn.execute(stmt)).rowcount != 1:
         return False
-    await _close_open_attempts(
-        conn, job_id, now, "lost", "WorkerLost", "the lease expired with no outcome recorded"
-    )
+    await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", LEASE_EXPIRED)
+    return True
+
+
+async def exhaust(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
+    """Recovery: an `active` job whose lease expired on its last attempt is dead-lettered;
+    that attempt is recorded as lost, and no attempt beyond `max_attempts` is ever opened."""
+    stmt = _move(
+        "dead_letter",
+        job_id,
+        now,
+        finished_at=now,
+        lease_expires_at=None,
+        last_error=_summary(ErrorInfo("AttemptsExhausted", ALL_ATTEMPTS_LOST)),
+    ).where(jobs.c.lease_expires_at < now, jobs.c.attempts >= jobs.c.max_attempts)
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", LEASE_EXPIRED)
     return True
 
 

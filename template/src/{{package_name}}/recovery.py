@@ -53,6 +53,7 @@ class ReconcileReport:
     still_held: int = 0  # ...of which an arq worker still holds the in-progress key
     requeued: int = 0  # rescued back to queued (the lost attempt counts)
     in_doubt: int = 0  # rescued to in_doubt: a paid call was open
+    dead_lettered: int = 0  # lost on their last attempt: dead-lettered
     queued: int = 0  # queued rows checked against Redis
     pushed: int = 0  # queued rows arq had lost, pushed again
     replies_sent: int = 0  # replies of completed jobs that had not been sent
@@ -83,7 +84,13 @@ async def reconcile(
     if reply_steps and not dry_run:
         report.replies_sent = await replies.send_pending(engine, reply_steps)
     report.seconds = round(time.monotonic() - started, 3)
-    if not dry_run and (report.requeued or report.in_doubt or report.pushed or report.replies_sent):
+    if not dry_run and (
+        report.requeued
+        or report.in_doubt
+        or report.dead_lettered
+        or report.pushed
+        or report.replies_sent
+    ):
         log.info("reconciled", **report.as_dict())
     return report
 
@@ -133,8 +140,8 @@ def summary(report: ReconcileReport) -> str:
 
     >>> report = ReconcileReport(expired=3, still_held=1, requeued=2, queued=9, pushed=4)
     >>> print(summary(report))  # doctest: +NORMALIZE_WHITESPACE
-    expired leases: 3, 1 still held by a worker, 2 back to queued, 0 in_doubt;
-    queued: 9, 4 missing from Redis pushed again (0.0 s)
+    expired leases: 3, 1 still held by a worker, 2 back to queued, 0 in_doubt,
+    0 dead_lettered; queued: 9, 4 missing from Redis pushed again (0.0 s)
     """
     if report.dry_run:
         back, doubt, push = "would go back to queued", "would go in_doubt", "would be pushed"
@@ -142,7 +149,8 @@ def summary(report: ReconcileReport) -> str:
         back, doubt, push = "back to queued", "in_doubt", "pushed again"
     line = (
         f"expired leases: {report.expired}, {report.still_held} still held by a worker, "
-        f"{report.requeued} {back}, {report.in_doubt} {doubt}; "
+        f"{report.requeued} {back}, {report.in_doubt} {doubt}, "
+        f"{report.dead_lettered} dead_lettered; "
         f"queued: {report.queued}, {report.pushed} missing from Redis {push} "
         f"({report.seconds:.1f} s)"
     )
@@ -153,16 +161,19 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> JobSta
     """Settle one attempt whose worker vanished; returns the job's new state, or None when
     someone else moved the job first (another reconciler, or a worker's claim).
 
-    The one place recovery decides where a lost job goes: back to `queued`, so it runs
-    again. A job that was inside a paid call belongs in `in_doubt` instead (the provider
-    may have charged), with its reservation counted as spent. Both moves only match a lease
-    that expired before `now` (the job may have been claimed again since its page was read).
+    The one place a lost job's fate is decided: back to `queued`, so it runs again. A job
+    that was inside a paid call belongs in `in_doubt` instead (the provider may have
+    charged), with its reservation counted as spent; one that was on its last attempt is
+    dead-lettered. Every move only matches a lease that expired before `now` (the job may
+    have been claimed again since its page was read).
     """
     if await job_store.mark_in_doubt(
         conn, job_id, reason=LOST_IN_PAID_CALL, now=now, lost_inside_paid_call=True
     ):
         await paid_calls.park_open_calls(conn, job_id)
         return JobState.IN_DOUBT
+    if await job_store.exhaust(conn, job_id, now=now):
+        return JobState.DEAD_LETTERED
     if await job_store.rescue(conn, job_id, now=now):
         return JobState.QUEUED
     return None
@@ -201,6 +212,7 @@ async def _rescue_page(
             state = await rescue(conn, job_id, now=now)
             report.requeued += state is JobState.QUEUED
             report.in_doubt += state is JobState.IN_DOUBT
+            report.dead_lettered += state is JobState.DEAD_LETTERED
 
 
 async def _push_lost_queued(

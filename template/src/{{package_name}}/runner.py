@@ -10,16 +10,17 @@ import asyncio
 import contextlib
 import json
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 from arq.worker import Retry
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store, paid_calls, replies, spend
+from . import job_store, paid_calls, recovery, replies, spend
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
@@ -30,15 +31,16 @@ from .settings import Settings
 from .states import JobState
 
 log = structlog.get_logger("runner")
+T = TypeVar("T")
 
 # How soon arq should deliver a job again when the database could not be reached.
 DB_UNAVAILABLE_RETRY_S = 5
 # Added to a wait for a lease or run_after, so the next delivery lands after it.
 LEASE_RECHECK_MARGIN_S = 0.1
-# An outcome that cannot be written because the database is briefly away is tried again
-# after these pauses (about 15 s in all, well inside a lease) before the worker gives up and
-# leaves the job to recovery, which runs it again once its lease expires.
-RECORD_RETRY_PAUSES_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+# A claimed job's reads and its outcome write are tried again after these pauses when the
+# database is briefly away (about 15 s in all) before the worker gives up and leaves the
+# job to recovery, which runs it again once its lease expires.
+DB_RETRY_PAUSES_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 DATABASE_ERRORS = (DBAPIError, OSError, DatabaseUnavailable)
 
 
@@ -75,7 +77,8 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
     jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
-    outcome = await check_before_running(runtime, job) or await call_agent(runtime, job, jlog)
+    check = await patiently(lambda: check_before_running(runtime, job), jlog)
+    outcome = check or await call_agent(runtime, job, jlog)
     return await record_outcome(runtime, job, outcome, jlog)
 
 
@@ -109,6 +112,8 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
     if job.state is JobState.QUEUED and job.run_after is not None:
         due = job.run_after  # arq delivered before run_after (clock skew between machines)
     elif job.state is JobState.ACTIVE and job.lease_expires_at is not None:
+        if job.lease_expires_at < _now() and job.attempts >= job.max_attempts:
+            return await settle_lost_last_attempt(runtime, job_id)
         due = job.lease_expires_at  # a live lease: the holder may still finish, or die
     if due is not None:
         wait = max((due - _now()).total_seconds(), 0.0) + LEASE_RECHECK_MARGIN_S
@@ -116,6 +121,15 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
         raise Retry(defer=timedelta(seconds=wait))
     log.info("job_not_claimed", job_id=job_id, state=job.state.value)
     return job.state.value
+
+
+async def settle_lost_last_attempt(runtime: Runtime, job_id: str) -> str:
+    """A delivery of a job whose last attempt was lost: settle it as recovery would
+    (in_doubt with a paid call open, else dead-lettered), never open one attempt more."""
+    async with transaction(runtime.engine) as conn:
+        state = await recovery.rescue(conn, job_id, now=_now())
+    log.warning("job_lost_on_last_attempt", job_id=job_id, state=state and state.value)
+    return state.value if state is not None else "not_claimed"
 
 
 async def check_before_running(runtime: Runtime, job: job_store.Job) -> Outcome | None:
@@ -188,7 +202,8 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
     """Write the outcome, guarded by the attempt number; hand a retry back to arq."""
     agent = runtime.agents.get(job.agent)
     reply = agent.reply if agent is not None else None
-    done = await write_outcome_patiently(runtime, job, outcome, reply is not None, jlog)
+    has_reply = reply is not None
+    done = await patiently(lambda: write_outcome(runtime, job, outcome, has_reply=has_reply), jlog)
     if not done:
         jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
         return "lease_lost"
@@ -212,17 +227,16 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
     raise Retry(defer=timedelta(seconds=outcome.delay_s))
 
 
-async def write_outcome_patiently(
-    runtime: Runtime, job: job_store.Job, outcome: Outcome, has_reply: bool, jlog: Any
-) -> bool:
-    """`write_outcome`, tried again while the database is briefly unreachable."""
-    for pause in RECORD_RETRY_PAUSES_S:
+async def patiently(attempt: Callable[[], Awaitable[T]], jlog: Any) -> T:
+    """`attempt()`, tried again while the database is briefly unreachable, so that a short
+    outage does not cost a claimed job its attempt."""
+    for pause in DB_RETRY_PAUSES_S:
         try:
-            return await write_outcome(runtime, job, outcome, has_reply=has_reply)
+            return await attempt()
         except DATABASE_ERRORS as exc:
-            jlog.warning("outcome_write_failed", error=str(exc), retry_in_s=pause)
+            jlog.warning("database_unavailable", error=str(exc), retry_in_s=pause)
             await asyncio.sleep(pause)
-    return await write_outcome(runtime, job, outcome, has_reply=has_reply)
+    return await attempt()
 
 
 async def write_outcome(

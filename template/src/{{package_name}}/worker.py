@@ -26,7 +26,7 @@ from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from . import catalog
-from .batched import BatchedWrites
+from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
 from .db import create_engine
 from .queue import (
     JobQueue,
@@ -66,18 +66,23 @@ async def open_runtime(settings: Settings) -> Runtime:
     """Connect to the database and Redis, and discover agents."""
     queue = await JobQueue.connect(settings)
     worker_name = f"{socket.gethostname()}:{os.getpid()}"
-    batched = None
-    if settings.batch_writes and not settings.is_sqlite:
-        batched = BatchedWrites(
-            settings.database_url,
-            worker=worker_name,
-            lease_s=settings.lease_s,
-            window_s=settings.batch_window_s,
-            batch_size=settings.max_jobs,
+    engine = create_engine(settings)
+    batched: BatchedWrites | None = None
+    if settings.batch_writes:
+        options: dict[str, Any] = {
+            "worker": worker_name,
+            "lease_s": settings.lease_s,
+            "window_s": settings.batch_window_s,
+            "batch_size": settings.max_jobs,
+        }
+        batched = (
+            EngineBatchedWrites(engine, **options)
+            if settings.is_sqlite
+            else PostgresBatchedWrites(settings.database_url, **options)
         )
     return Runtime(
         settings=settings,
-        engine=create_engine(settings),
+        engine=engine,
         queue=queue,
         agents=load_agents(settings),
         policy=RetryPolicy(
