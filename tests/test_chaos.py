@@ -1,9 +1,9 @@
 """The chaos run of a rendered PostgreSQL example: workers killed, Redis flushed and
 restarted, PostgreSQL stopped, and every count checked (docs/CHAOS.md of the service).
 
-One example only, the one with a slow lane: the run takes about two minutes. The harness
-starts its own Redis and PostgreSQL, so it needs the machine's `redis-server` and `initdb`
-(which `make test` makes sure of), not TEST_DATABASE_URL.
+One example only, the one with a slow lane: render, install and run take about 80 s. The
+harness starts its own Redis and PostgreSQL, so it needs the machine's `redis-server` and
+`initdb` (which `make test` makes sure of), not TEST_DATABASE_URL.
 """
 
 from __future__ import annotations
