@@ -1,0 +1,261 @@
+"""Admin commands for parked jobs: `dlq list/causes/show/replay/resolve`
+(template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from . import audit, catalog, dlq, job_store, paid_calls
+from .cli_support import (
+    JsonFlag,
+    attempt_dict,
+    fail,
+    load_settings,
+    parse_state,
+    progress,
+    run,
+    short_time,
+    table,
+    with_conn,
+)
+from .db import create_engine
+from .queue import JobQueue, Push, QueueUnavailable
+from .settings import Settings
+from .states import PARKED, JobState
+
+dlq_app = typer.Typer(help="Parked jobs: group by cause, replay with approval, resolve.")
+ApprovedBy = Annotated[str | None, typer.Option(help="Who approved this (required).")]
+
+
+@dlq_app.command("list")
+def dlq_list(
+    state: Annotated[
+        str | None, typer.Option(help="failed, dead_lettered, denied or in_doubt.")
+    ] = None,
+    cause: Annotated[str | None, typer.Option(help="A cause id from `dlq causes`.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's jobs.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Parked jobs, oldest first."""
+    wanted = parse_state(state)
+    if wanted is not None and wanted not in PARKED:
+        fail(f"{wanted.value} is not a parked state; use one of {', '.join(sorted(PARKED))}")
+    settings = load_settings()
+    found = run(
+        with_conn(settings, lambda c: dlq.parked(c, state=wanted, cause=cause, agent=agent)),
+        settings,
+    )
+    if as_json:
+        typer.echo(json.dumps([job.as_dict() for job in found], indent=2))
+        return
+    table(
+        ["id", "agent", "state", "cause id", "paid", "cause"],
+        [
+            [
+                j.id,
+                j.agent,
+                j.state.value,
+                j.cause_id,
+                "yes" if j.has_paid_calls else "",
+                j.cause[:70],
+            ]
+            for j in found
+        ],
+    )
+
+
+@dlq_app.command("causes")
+def dlq_causes(as_json: JsonFlag = False) -> None:
+    """Parked jobs grouped by cause (error class + message with ids and numbers masked)."""
+    settings = load_settings()
+    groups = run(with_conn(settings, dlq.causes), settings)
+    if as_json:
+        typer.echo(json.dumps([g.as_dict() for g in groups], indent=2))
+        return
+    table(
+        ["cause id", "count", "agents", "states", "first seen", "last seen", "cause"],
+        [
+            [
+                g.cause_id,
+                str(g.count),
+                ",".join(sorted(g.agents)),
+                ",".join(sorted(g.states)),
+                short_time(g.first_seen) if g.first_seen else "",
+                short_time(g.last_seen) if g.last_seen else "",
+                g.cause[:60],
+            ]
+            for g in groups
+        ],
+    )
+
+
+@dlq_app.command("show")
+def dlq_show(job_id: str, as_json: JsonFlag = False) -> None:
+    """One parked job: input, every attempt with its traceback, paid calls, audit rows."""
+    settings = load_settings()
+
+    async def go(conn: Any) -> tuple[Any, ...]:
+        return (
+            await job_store.get_job(conn, job_id),
+            await job_store.job_attempts(conn, job_id),
+            await paid_calls.calls_of(conn, job_id),
+            await audit.entries(conn, target=job_id),
+        )
+
+    job, attempts, calls, entries = run(with_conn(settings, go), settings)
+    if job is None:
+        fail(f"no job with id {job_id}")
+    if as_json:
+        out = job.as_dict()
+        out["attempt_log"] = [attempt_dict(a) for a in attempts]
+        out["paid_calls"] = [attempt_dict(c) for c in calls]
+        out["audit"] = [attempt_dict(e) for e in entries]
+        typer.echo(json.dumps(out, indent=2, default=str))
+        return
+    typer.echo(f"job {job.id}  agent {job.agent}  state {job.state.value}")
+    typer.echo(f"attempts {job.attempts}/{job.max_attempts}  last error {job.last_error or ''}")
+    typer.echo(f"input: {json.dumps(job.payload)}")
+    for a in attempts:
+        outcome = a.outcome or "(running)"
+        typer.echo(f"\nattempt {a.number} on {a.worker} at {short_time(a.started_at)}: {outcome}")
+        if a.error_class:
+            typer.echo(f"  {a.error_class}: {a.error_message}")
+        if a.traceback:
+            typer.echo("  " + a.traceback.rstrip().replace("\n", "\n  "))
+    for c in calls:
+        cost = "" if c.cost_usd is None else f", cost ${c.cost_usd}"
+        typer.echo(
+            f"\npaid call {c.name} (attempt {c.attempt}): {c.state}, max ${c.max_cost_usd}{cost}"
+        )
+    for e in entries:
+        typer.echo(f"\naudit {short_time(e.at)} {e.actor} {e.action} {json.dumps(e.details)}")
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    job_ids: Annotated[list[str] | None, typer.Argument(help="Jobs to replay, by id.")] = None,
+    cause: Annotated[str | None, typer.Option(help="Replay jobs of this cause id.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="At most this many (required with --cause).")
+    ] = None,
+    approved_by: ApprovedBy = None,
+    reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
+    allow_spent: Annotated[
+        bool, typer.Option(help="Also replay named jobs that made paid calls.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option(help="Show what would be replayed; change nothing.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Put parked jobs back to queued with a fresh attempt budget (approved, audited)."""
+    if not approved_by:
+        fail("a replay needs --approved-by NAME (who approved running these jobs again)")
+    if cause is not None and limit is None:
+        fail("--cause needs --limit N (how many jobs to replay at most)")
+    settings = load_settings()
+
+    async def go() -> tuple[dlq.ReplayPlan, list[str]]:
+        engine = create_engine(settings)
+        try:
+            async with engine.connect() as conn:
+                plan = await dlq.plan_replay(
+                    conn, job_ids=job_ids or [], cause=cause, limit=limit, allow_spent=allow_spent
+                )
+            if dry_run or not plan.replay:
+                return plan, []
+            replayed: list[str] = []
+            with progress(len(plan.replay), "replaying") as advance:
+                for job in plan.replay:
+                    replayed += await dlq.replay(
+                        engine,
+                        [job],
+                        budget=_budget(job.agent),
+                        approved_by=approved_by,
+                        reason=reason,
+                    )
+                    advance(1)
+            await _push_replayed(settings, engine, replayed)
+            return plan, replayed
+        finally:
+            await engine.dispose()
+
+    try:
+        plan, replayed = run(go(), settings)
+    except dlq.ReplayRefused as exc:
+        fail(str(exc))
+    chosen = [job.id for job in plan.replay] if dry_run else replayed
+    if as_json:
+        skipped = [{"id": job_id, "reason": why} for job_id, why in plan.skipped]
+        typer.echo(json.dumps({"dry_run": dry_run, "replayed": chosen, "skipped": skipped}))
+    else:
+        verb = "would replay" if dry_run else "replayed"
+        typer.echo(f"{verb} {len(chosen)} job(s): {' '.join(chosen)}".rstrip(": "))
+        for job_id, why in plan.skipped:
+            typer.echo(f"skipped {job_id}: {why}")
+    if not chosen and plan.skipped:
+        raise typer.Exit(1)
+
+
+@dlq_app.command("resolve")
+def dlq_resolve(
+    job_id: str,
+    outcome: Annotated[str, typer.Option(help="completed, failed or retry.")],
+    approved_by: ApprovedBy = None,
+    note: Annotated[str | None, typer.Option(help="What the provider showed (required).")] = None,
+) -> None:
+    """Settle an in_doubt job after checking with the provider."""
+    if outcome not in {"completed", "failed", "retry"}:
+        fail(f"--outcome must be completed, failed or retry (got {outcome!r})")
+    if not approved_by or not note:
+        fail("resolving an in-doubt job needs --approved-by NAME and --note TEXT")
+    settings = load_settings()
+
+    async def go() -> JobState:
+        engine = create_engine(settings)
+        try:
+            async with engine.connect() as conn:
+                job = await job_store.get_job(conn, job_id)
+            budget = _budget(job.agent) if job is not None else 1
+            state = await dlq.resolve(
+                engine, job_id, outcome=outcome, approved_by=approved_by, note=note, budget=budget
+            )
+            if state is JobState.QUEUED:
+                await _push_replayed(settings, engine, [job_id])
+            return state
+        finally:
+            await engine.dispose()
+
+    try:
+        state = run(go(), settings)
+    except dlq.ReplayRefused as exc:
+        fail(str(exc))
+    typer.echo(f"job {job_id} is now {state.value}")
+
+
+def _budget(agent: str) -> int:
+    """A replay's fresh attempts: the agent's own limit, else the answered default."""
+    config = catalog.AGENTS.get(agent)
+    return (config.max_attempts if config else None) or catalog.MAX_ATTEMPTS
+
+
+async def _push_replayed(settings: Settings, engine: Any, job_ids: list[str]) -> None:
+    """Queue replayed jobs now; if Redis is down they stay queued and recovery pushes them."""
+    if not job_ids:
+        return
+    async with engine.connect() as conn:
+        jobs = [await job_store.get_job(conn, job_id) for job_id in job_ids]
+    try:
+        queue = await JobQueue.connect(settings, conn_retries=0)
+    except QueueUnavailable as exc:
+        typer.echo(
+            f"warning: {exc}; the replayed jobs stay queued until recovery pushes them", err=True
+        )
+        return
+    try:
+        await queue.push_many([Push(job.id, job.lane) for job in jobs if job is not None])
+    finally:
+        await queue.close()

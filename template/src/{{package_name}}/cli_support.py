@@ -1,0 +1,128 @@
+"""What the admin commands share: settings, one-line errors, tables
+(template-owned: copier-agent-worker).
+
+Humans get tables, scripts get `--json`. Bad input is one line on stderr and exit code 2;
+a service that cannot be reached is one line and exit code 1. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError
+
+from . import job_store, logs, paid_calls
+from .agent import AgentError
+from .db import create_engine
+from .queue import QueueUnavailable
+from .settings import ENV_PREFIX, Settings, SettingsError, get_settings, redact_url
+from .states import JobState
+from .submit import RecordedNotQueued, SubmitError
+
+T = TypeVar("T")
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+# Errors -------------------------------------------------------------------------------------
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def load_settings() -> Settings:
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ENV_PREFIX + "_".join(str(part) for part in first["loc"]).upper()
+        fail(f"setting {where} is invalid: {first['msg']}")
+    except SettingsError as exc:
+        fail(str(exc))
+    logs.configure(settings.log_format)
+    return settings
+
+
+def run(coro: Coroutine[Any, Any, T], settings: Settings) -> T:
+    """Run `coro`, turning known failures into one line and an exit code."""
+    try:
+        return asyncio.run(coro)
+    except (SubmitError, SettingsError, AgentError) as exc:
+        fail(str(exc))
+    except RecordedNotQueued as exc:
+        typer.echo(exc.job_id)
+        fail(str(exc), code=1)
+    except QueueUnavailable as exc:
+        fail(str(exc), code=1)
+    except (DBAPIError, OSError, RedisError) as exc:
+        fail(
+            f"cannot reach the database or Redis ({redact_url(settings.database_url)}): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            code=1,
+        )
+
+
+def parse_state(state: str | None) -> JobState | None:
+    if state is None:
+        return None
+    try:
+        return JobState(state)
+    except ValueError:
+        fail(f"unknown state {state!r}; states: {', '.join(s.value for s in JobState)}")
+
+
+# Database reads and progress ------------------------------------------------------------------
+
+
+async def with_conn(settings: Settings, read: Callable[[Any], Awaitable[T]]) -> T:
+    engine = create_engine(settings)
+    try:
+        async with engine.connect() as conn:
+            return await read(conn)
+    finally:
+        await engine.dispose()
+
+
+@contextmanager
+def progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on a terminal for long runs; silent otherwise."""
+    if total < 20 or not sys.stderr.isatty():
+        yield lambda _n: None
+        return
+    with typer.progressbar(length=total, label=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+# Output helpers ---------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+        return "  ".join(padded).rstrip()
+
+    typer.echo(line(headers))
+    typer.echo(line(["-" * w for w in widths]))
+    for row in rows:
+        typer.echo(line(row))
+    if not rows:
+        typer.echo("(none)")
+
+
+def short_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def attempt_dict(attempt: job_store.Attempt | paid_calls.PaidCall) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in attempt.__dict__.items()}
