@@ -2,6 +2,8 @@
 
 Usable from a web app: `job_id = await submit("summarize", {"text": ...})`. If Redis is down
 the row stays `queued` and recovery pushes it later; the caller gets the id either way.
+Many jobs at once: `await submitter.submit_many([Submission("summarize", {...}), ...])`
+commits every row in one transaction and pushes the ids in batches.
 """
 
 from __future__ import annotations
