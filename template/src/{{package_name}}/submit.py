@@ -2,12 +2,16 @@
 
 Usable from a web app: `job_id = await submit("summarize", {"text": ...})`. If Redis is down
 the row stays `queued` and recovery pushes it later; the caller gets the id either way.
+Many jobs at once: `await submitter.submit_many([Submission("summarize", {...}), ...])`
+commits every row in one transaction and pushes the ids in batches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +20,7 @@ import structlog
 from . import catalog, job_store
 from .agent import Agent, discover
 from .db import create_engine, transaction
-from .queue import JobQueue, QueueUnavailable
+from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings, check_redis_tls, get_settings
 
 log = structlog.get_logger("submit")
@@ -27,14 +31,32 @@ class SubmitError(ValueError):
 
 
 class RecordedNotQueued(QueueUnavailable):
-    """The job row is committed as `queued` but Redis did not take its id."""
+    """The job rows are committed as `queued` but Redis did not take their ids.
 
-    def __init__(self, job_id: str, reason: str) -> None:
-        super().__init__(
-            f"job {job_id} is recorded as queued, but Redis did not take it ({reason}); "
-            "a worker's recovery will queue it once Redis accepts it"
-        )
+    `job_id` is the (first) job; `job_ids` every job of the call that Redis may lack.
+    """
+
+    def __init__(self, job_id: str, reason: str, *, job_ids: Sequence[str] = ()) -> None:
         self.job_id = job_id
+        self.job_ids = list(job_ids) or [job_id]
+        if len(self.job_ids) == 1:
+            what, it = f"job {job_id} is", "it"
+        else:
+            what, it = f"{len(self.job_ids)} jobs (the first {job_id}) are", "them"
+        super().__init__(
+            f"{what} recorded as queued, but Redis did not take {it} ({reason}); "
+            f"a worker's recovery will queue {it} once Redis accepts {it}"
+        )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One job for `Submitter.submit_many`."""
+
+    agent: str
+    payload: dict[str, Any]
+    owner: str | None = None
+    idempotency_key: str | None = None
 
 
 class Submitter:
@@ -100,6 +122,50 @@ class Submitter:
             raise RecordedNotQueued(job_id, str(exc)) from exc
         log.info("job_submitted", job_id=job_id, agent=agent, lane=config.lane)
         return job_id
+
+    async def submit_many(self, submissions: Iterable[Submission]) -> list[str]:
+        """Record many jobs in one transaction, then queue them in batches; returns their
+        ids in order.
+
+        All or nothing before Redis: one bad submission raises SubmitError and writes no
+        row. A repeated (owner, idempotency key), in the batch or already recorded, gives the
+        existing job's id and is not queued again. When Redis refuses the ids the rows stay
+        committed as `queued` and RecordedNotQueued names them (recovery queues them).
+        """
+        batch = list(submissions)
+        for item in batch:
+            self.check(item.agent, item.payload)
+        now = datetime.now(UTC)
+        ids: list[str] = []
+        new: list[Push] = []
+        async with transaction(self.engine) as conn:
+            for item in batch:
+                config = self.agents[item.agent].config
+                job_id, created = await job_store.enqueue(
+                    conn,
+                    agent=item.agent,
+                    lane=config.lane,
+                    payload=item.payload,
+                    max_attempts=config.max_attempts or catalog.MAX_ATTEMPTS,
+                    owner=item.owner,
+                    idempotency_key=item.idempotency_key,
+                    now=now,
+                )
+                ids.append(job_id)
+                if created:
+                    new.append(Push(job_id, config.lane))
+        if not new:
+            return ids
+        try:
+            queue = await self._get_queue()
+            await queue.push_many(new)
+        except QueueUnavailable as exc:
+            log.warning("jobs_recorded_not_queued", jobs=len(new), error=str(exc))
+            raise RecordedNotQueued(
+                new[0].job_id, str(exc), job_ids=[push.job_id for push in new]
+            ) from exc
+        log.info("jobs_submitted", jobs=len(new), existing=len(ids) - len(new))
+        return ids
 
     async def _get_queue(self) -> JobQueue:
         if self._queue is None:
