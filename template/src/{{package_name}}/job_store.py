@@ -138,6 +138,68 @@ async def enqueue(
     return str(existing), False
 
 
+@dataclass(frozen=True)
+class NewJob:
+    """One row for `enqueue_many`."""
+
+    agent: str
+    lane: str
+    payload: dict[str, Any]
+    max_attempts: int
+    owner: str | None = None
+    idempotency_key: str | None = None
+
+
+# Rows per INSERT: 11 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+ENQUEUE_CHUNK = 1000
+
+
+async def enqueue_many(
+    conn: AsyncConnection, new_jobs: Sequence[NewJob], *, now: datetime
+) -> list[tuple[str, bool]]:
+    """`enqueue` for many jobs, a multi-row INSERT per chunk: (id, created) per job, in
+    order. A repeated (owner, idempotency key), already recorded or earlier in the same
+    call, gives the first job's id with created=False."""
+    ids = [new_job_id() for _ in new_jobs]
+    keys = [(job.owner or "", job.idempotency_key) for job in new_jobs]
+    rows = [
+        {
+            "id": job_id,
+            "agent": job.agent,
+            "lane": job.lane,
+            "state": JobState.QUEUED.value,
+            "payload": job.payload,
+            "owner": owner,
+            "idempotency_key": key,
+            "attempts": 0,
+            "max_attempts": job.max_attempts,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for job_id, job, (owner, key) in zip(ids, new_jobs, keys, strict=True)
+    ]
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    created: set[str] = set()
+    for start in range(0, len(rows), ENQUEUE_CHUNK):
+        chunk = rows[start : start + ENQUEUE_CHUNK]
+        stmt = dialect_insert(jobs).values(chunk).on_conflict_do_nothing().returning(jobs.c.id)
+        created.update(await conn.scalars(stmt))
+    existing: dict[tuple[str, str | None], str] = {}
+    for job_id, (owner, key) in zip(ids, keys, strict=True):
+        if job_id in created or (owner, key) in existing:
+            continue
+        found = await conn.scalar(  # only repeated keys get here: usually none
+            select(jobs.c.id).where(jobs.c.owner == owner, jobs.c.idempotency_key == key)
+        )
+        if found is None:  # pragma: no cover - a uuid4 collision
+            raise RuntimeError("job insert conflicted but no existing job was found")
+        existing[(owner, key)] = str(found)
+    return [
+        (job_id, True) if job_id in created else (existing[key], False)
+        for job_id, key in zip(ids, keys, strict=True)
+    ]
+
+
 async def claim(
     conn: AsyncConnection, job_id: str, *, worker: str, now: datetime, lease_s: float
 ) -> Job | None:

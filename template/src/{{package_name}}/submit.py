@@ -116,7 +116,7 @@ class Submitter:
             return job_id
         try:
             queue = await self._get_queue()
-            await queue.push(job_id, config.lane)
+            await queue.push_many([Push(job_id, config.lane)])
         except QueueUnavailable as exc:
             log.warning("job_recorded_not_queued", job_id=job_id, agent=agent, error=str(exc))
             raise RecordedNotQueued(job_id, str(exc)) from exc
@@ -135,25 +135,25 @@ class Submitter:
         batch = list(submissions)
         for item in batch:
             self.check(item.agent, item.payload)
-        now = datetime.now(UTC)
-        ids: list[str] = []
-        new: list[Push] = []
+        rows = [
+            job_store.NewJob(
+                agent=item.agent,
+                lane=self.agents[item.agent].config.lane,
+                payload=item.payload,
+                max_attempts=self.agents[item.agent].config.max_attempts or catalog.MAX_ATTEMPTS,
+                owner=item.owner,
+                idempotency_key=item.idempotency_key,
+            )
+            for item in batch
+        ]
         async with transaction(self.engine) as conn:
-            for item in batch:
-                config = self.agents[item.agent].config
-                job_id, created = await job_store.enqueue(
-                    conn,
-                    agent=item.agent,
-                    lane=config.lane,
-                    payload=item.payload,
-                    max_attempts=config.max_attempts or catalog.MAX_ATTEMPTS,
-                    owner=item.owner,
-                    idempotency_key=item.idempotency_key,
-                    now=now,
-                )
-                ids.append(job_id)
-                if created:
-                    new.append(Push(job_id, config.lane))
+            recorded = await job_store.enqueue_many(conn, rows, now=datetime.now(UTC))
+        ids = [job_id for job_id, _ in recorded]
+        new = [
+            Push(job_id, row.lane)
+            for (job_id, created), row in zip(recorded, rows, strict=True)
+            if created
+        ]
         if not new:
             return ids
         try:
