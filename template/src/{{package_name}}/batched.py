@@ -19,7 +19,6 @@ one job at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -96,31 +95,26 @@ SELECT id FROM done
 
 
 class Batcher(Generic[T, R]):
-    """Gathers items for up to `window_s` (or until `size` are waiting), writes them as one
+    """Gathers the items that arrive within `window_s` of the first, writes them as one
     batch, and writes whatever arrived meanwhile next.
 
     arq starts the jobs of one poll one after another, each after a Redis round trip of its
     own, so the claims of a poll arrive a few hundred microseconds apart: without a window
-    almost every batch would hold one job. The window costs each job at most `window_s`
-    twice (claim and completion), against a `poll_delay` of tens or hundreds of
-    milliseconds.
+    almost every batch would hold one job. A batch never holds more than the worker's
+    `max_jobs` items, since each running job waits on at most one write at a time. The
+    window costs each job at most `window_s` twice (claim and completion), against a
+    `poll_delay` of tens or hundreds of milliseconds.
     """
 
-    def __init__(
-        self, write: Callable[[list[T]], Awaitable[list[R]]], *, window_s: float, size: int
-    ) -> None:
+    def __init__(self, write: Callable[[list[T]], Awaitable[list[R]]], *, window_s: float) -> None:
         self._write = write
         self._window_s = window_s
-        self._size = size
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._full = asyncio.Event()
         self._drain: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
-        if len(self._waiting) >= self._size:
-            self._full.set()
         if self._drain is None:
             self._drain = asyncio.create_task(self._drain_all())
         return await future
@@ -128,12 +122,8 @@ class Batcher(Generic[T, R]):
     async def _drain_all(self) -> None:
         try:
             while self._waiting:
-                if not self._full.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._full.wait(), self._window_s)
-                batch, self._waiting = self._waiting[: self._size], self._waiting[self._size :]
-                if len(self._waiting) < self._size:
-                    self._full.clear()
+                await asyncio.sleep(self._window_s)
+                batch, self._waiting = self._waiting, []
                 await self._write_batch(batch)
         finally:
             self._drain = None
@@ -158,14 +148,12 @@ class Batcher(Generic[T, R]):
 class BatchedWrites:
     """The hot-path writes of one worker process: claims and completions, batched."""
 
-    def __init__(self, *, worker: str, lease_s: float, window_s: float, batch_size: int) -> None:
+    def __init__(self, *, worker: str, lease_s: float, window_s: float) -> None:
         self.worker = worker
         self.lease_s = lease_s
-        self._claims: Batcher[str, Job | None] = Batcher(
-            self._claim_batch, window_s=window_s, size=batch_size
-        )
+        self._claims: Batcher[str, Job | None] = Batcher(self._claim_batch, window_s=window_s)
         self._completions: Batcher[Completion, bool] = Batcher(
-            self._complete_batch, window_s=window_s, size=batch_size
+            self._complete_batch, window_s=window_s
         )
 
     async def claim(self, job_id: str) -> Job | None:

@@ -73,7 +73,6 @@ async def open_runtime(settings: Settings) -> Runtime:
             "worker": worker_name,
             "lease_s": settings.lease_s,
             "window_s": settings.batch_window_s,
-            "batch_size": settings.max_jobs,
         }
         batched = (
             EngineBatchedWrites(engine, **options)
