@@ -110,32 +110,9 @@ async def enqueue(
 ) -> tuple[str, bool]:
     """Insert a `queued` job; return (id, created). A repeated idempotency key returns the
     existing job's id with created=False."""
-    job_id = new_job_id()
-    values = {
-        "id": job_id,
-        "agent": agent,
-        "lane": lane,
-        "state": JobState.QUEUED.value,
-        "payload": payload,
-        "owner": owner or "",
-        "idempotency_key": idempotency_key,
-        "attempts": 0,
-        "max_attempts": max_attempts,
-        "created_at": now,
-        "updated_at": now,
-    }
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    result = await conn.execute(dialect_insert(jobs).values(values).on_conflict_do_nothing())
-    if result.rowcount == 1:
-        return job_id, True
-    existing = await conn.scalar(
-        select(jobs.c.id).where(
-            jobs.c.owner == (owner or ""), jobs.c.idempotency_key == idempotency_key
-        )
-    )
-    if existing is None:  # pragma: no cover - a uuid4 collision
-        raise RuntimeError("job insert conflicted but no existing job was found")
-    return str(existing), False
+    job = NewJob(agent, lane, payload, max_attempts, owner, idempotency_key)
+    ((job_id, created),) = await enqueue_many(conn, [job], now=now)
+    return job_id, created
 
 
 @dataclass(frozen=True)
