@@ -55,7 +55,7 @@ class Runtime:
     policy: RetryPolicy
     worker_name: str
     lane_timeouts: dict[str, int] = field(default_factory=dict)
-    # PostgreSQL: claims and completions of concurrent jobs, batched (see batched.py).
+    # Claims and completions of concurrent jobs, written in batches (see batched.py).
     batched: BatchedWrites | None = None
 
 
