@@ -19,13 +19,13 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
-from . import job_store, logs, paid_calls
-from .agent import AgentError
-from .db import create_engine
-from .queue import QueueUnavailable
-from .settings import ENV_PREFIX, Settings, SettingsError, get_settings, redact_url
-from .states import JobState
-from .submit import RecordedNotQueued, SubmitError
+from .. import job_store, logs, paid_calls
+from ..agent import AgentError
+from ..db import create_engine
+from ..queue import QueueUnavailable
+from ..settings import ENV_PREFIX, Settings, SettingsError, get_settings, redact_url
+from ..states import JobState
+from ..submit import RecordedNotQueued, SubmitError
 
 T = TypeVar("T")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]

@@ -8,8 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from . import audit, catalog, dlq, job_store, paid_calls
-from .cli_support import (
+from .. import audit, catalog, dlq, job_store, paid_calls
+from ..db import create_engine
+from ..queue import JobQueue, Push, QueueUnavailable
+from ..settings import Settings
+from ..states import PARKED, JobState
+from .app import app
+from .support import (
     JsonFlag,
     attempt_dict,
     fail,
@@ -21,12 +26,9 @@ from .cli_support import (
     table,
     with_conn,
 )
-from .db import create_engine
-from .queue import JobQueue, Push, QueueUnavailable
-from .settings import Settings
-from .states import PARKED, JobState
 
 dlq_app = typer.Typer(help="Parked jobs: group by cause, replay with approval, resolve.")
+app.add_typer(dlq_app, name="dlq")
 ApprovedBy = Annotated[str | None, typer.Option(help="Who approved this (required).")]
 
 

@@ -1,0 +1,48 @@
+"""`db upgrade`: create or upgrade the job tables and seed the answered caps
+(template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from sqlalchemy.exc import SQLAlchemyError
+
+from .. import catalog, spend
+from ..db import create_engine, migrate
+from ..settings import Settings, redact_url
+from .app import app
+from .support import fail, load_settings
+
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Option(help="Target revision.")] = "heads",
+) -> None:
+    """Create or upgrade the job tables (Alembic)."""
+    settings = load_settings()
+    try:
+        migrate(settings, revision)
+        seeded = asyncio.run(seed_caps(settings))
+    except (SQLAlchemyError, OSError) as exc:
+        fail(
+            f"database upgrade failed on {redact_url(settings.database_url)}: "
+            f"{str(exc).splitlines()[0]}",
+            code=1,
+        )
+    typer.echo(f"database at {redact_url(settings.database_url)} is at {revision}")
+    for agent in seeded:
+        typer.echo(f"seeded the daily spend cap of {agent} from the template answers")
+
+
+async def seed_caps(settings: Settings) -> list[str]:
+    """Seed the answered spend caps for agents that have no cap row yet."""
+    engine = create_engine(settings)
+    try:
+        return await spend.seed_caps(engine, catalog.answered_caps())
+    finally:
+        await engine.dispose()

@@ -1,0 +1,241 @@
+"""`submit`, `jobs show/list/cancel` and `prune` (template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .. import audit, job_store, paid_calls
+from ..db import create_engine, transaction
+from ..states import PARKED, TERMINAL
+from ..submit import Submitter
+from .app import app
+from .support import (
+    JsonFlag,
+    attempt_dict,
+    fail,
+    load_settings,
+    parse_state,
+    run,
+    short_time,
+    table,
+)
+
+jobs_app = typer.Typer(help="Look at jobs.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+
+
+@app.command()
+def submit(
+    agent: Annotated[str, typer.Argument(help="Agent name.")],
+    input_json: Annotated[
+        str | None, typer.Option("--input", help="Payload, a JSON object.")
+    ] = None,
+    input_file: Annotated[
+        Path | None, typer.Option("--input-file", help="File holding the JSON payload.")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Same key + owner = same job.")
+    ] = None,
+    owner: Annotated[str | None, typer.Option(help="Who the job is for.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record a job and queue it; prints the job id."""
+    payload = _read_payload(input_json, input_file)
+    settings = load_settings()
+
+    async def go() -> dict[str, Any] | str:
+        submitter = Submitter(settings)
+        try:
+            job_id = await submitter.submit(
+                agent, payload, owner=owner, idempotency_key=idempotency_key
+            )
+            if not as_json:
+                return job_id
+            async with submitter.engine.connect() as conn:
+                job = await job_store.get_job(conn, job_id)
+            assert job is not None
+            return job.as_dict()
+        finally:
+            await submitter.close()
+
+    out = run(go(), settings)
+    typer.echo(json.dumps(out, indent=2) if as_json else out)
+
+
+def _read_payload(input_json: str | None, input_file: Path | None) -> Any:
+    if (input_json is None) == (input_file is None):
+        fail("give the payload with exactly one of --input '{...}' or --input-file FILE")
+    if input_file is not None:
+        try:
+            input_json = input_file.read_text()
+        except OSError as exc:
+            fail(f"cannot read --input-file {input_file}: {exc.strerror}")
+    assert input_json is not None
+    try:
+        return json.loads(input_json)
+    except json.JSONDecodeError as exc:
+        fail(
+            f"the payload is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            """write a JSON object such as '{"text": "hello"}'"""
+        )
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
+    """One job with every attempt."""
+    settings = load_settings()
+
+    async def go() -> tuple[
+        job_store.Job | None, list[job_store.Attempt], list[paid_calls.PaidCall]
+    ]:
+        engine = create_engine(settings)
+        try:
+            async with engine.connect() as conn:
+                return (
+                    await job_store.get_job(conn, job_id),
+                    await job_store.job_attempts(conn, job_id),
+                    await paid_calls.calls_of(conn, job_id),
+                )
+        finally:
+            await engine.dispose()
+
+    job, attempts, calls = run(go(), settings)
+    if job is None:
+        fail(f"no job with id {job_id}")
+    if as_json:
+        out = job.as_dict()
+        out["attempt_log"] = [attempt_dict(a) for a in attempts]
+        out["paid_calls"] = [attempt_dict(c) for c in calls]
+        typer.echo(json.dumps(out, indent=2, default=str))
+        return
+    for key, value in job.as_dict().items():
+        if key not in {"payload", "result"}:
+            typer.echo(f"{key:>17}  {'' if value is None else value}")
+    typer.echo(f"{'payload':>17}  {json.dumps(job.payload)}")
+    typer.echo(f"{'result':>17}  {json.dumps(job.result) if job.result is not None else ''}")
+    typer.echo("")
+    table(
+        ["#", "started", "outcome", "error"],
+        [
+            [
+                str(a.number),
+                short_time(a.started_at),
+                a.outcome or "(running)",
+                f"{a.error_class}: {a.error_message}" if a.error_class else "",
+            ]
+            for a in attempts
+        ],
+    )
+    if calls:
+        typer.echo("")
+        table(
+            ["paid call", "attempt", "state", "max cost", "cost"],
+            [
+                [
+                    c.name,
+                    str(c.attempt),
+                    c.state,
+                    f"${c.max_cost_usd}",
+                    "" if c.cost_usd is None else f"${c.cost_usd}",
+                ]
+                for c in calls
+            ],
+        )
+
+
+@jobs_app.command("list")
+def jobs_list(
+    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's jobs.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Newest jobs first."""
+    wanted = parse_state(state)
+    settings = load_settings()
+
+    async def go() -> list[job_store.Job]:
+        engine = create_engine(settings)
+        try:
+            async with engine.connect() as conn:
+                return await job_store.list_jobs(conn, state=wanted, agent=agent, limit=limit)
+        finally:
+            await engine.dispose()
+
+    jobs = run(go(), settings)
+    if as_json:
+        typer.echo(json.dumps([job.as_dict() for job in jobs], indent=2))
+        return
+    table(
+        ["id", "agent", "state", "attempts", "created", "last error"],
+        [
+            [
+                j.id,
+                j.agent,
+                j.state.value,
+                f"{j.attempts}/{j.max_attempts}",
+                short_time(j.created_at),
+                (j.last_error or "")[:60],
+            ]
+            for j in jobs
+        ],
+    )
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(
+    job_id: str,
+    by: Annotated[str, typer.Option(help="Who cancels it, for the audit log.")] = "operator",
+) -> None:
+    """Stop a job that is queued or parked (a running job cannot be cancelled)."""
+    settings = load_settings()
+
+    async def go() -> bool:
+        engine = create_engine(settings)
+        try:
+            now = datetime.now(UTC)
+            async with transaction(engine) as conn:
+                done = await job_store.cancel(conn, job_id, now=now)
+                if done:
+                    await audit.record(
+                        conn, actor=by, action="cancel", target=job_id, details={}, now=now
+                    )
+            return done
+        finally:
+            await engine.dispose()
+
+    if not run(go(), settings):
+        fail(f"job {job_id} is not queued or parked (running, finished or unknown)", code=1)
+    typer.echo(f"job {job_id} is now cancelled")
+
+
+@app.command()
+def prune(
+    older_than: Annotated[
+        int, typer.Option(help="Delete jobs finished more than DAYS ago.", min=1)
+    ],
+    include_parked: Annotated[bool, typer.Option(help="Also delete old parked jobs.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete old finished jobs (with their attempts, paid calls and replies)."""
+    settings = load_settings()
+    cutoff = datetime.now(UTC) - timedelta(days=older_than)
+    states = TERMINAL | (PARKED if include_parked else frozenset())
+
+    async def go() -> int:
+        engine = create_engine(settings)
+        try:
+            return await job_store.prune(engine, finished_before=cutoff, states=states)
+        finally:
+            await engine.dispose()
+
+    deleted = run(go(), settings)
+    if as_json:
+        typer.echo(json.dumps({"deleted": deleted, "finished_before": cutoff.isoformat()}))
+    else:
+        typer.echo(f"deleted {deleted} job(s) finished before {short_time(cutoff)}")

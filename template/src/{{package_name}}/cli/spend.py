@@ -1,0 +1,128 @@
+"""`caps show/set` and `spend show`: daily spend caps and what paid calls spent
+(template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Annotated
+
+import typer
+
+from .. import catalog, spend
+from ..db import create_engine
+from ..models import GLOBAL
+from .app import app
+from .support import JsonFlag, fail, load_settings, run, table
+
+caps_app = typer.Typer(help="Daily spend caps (audited).", no_args_is_help=True)
+spend_app = typer.Typer(help="What paid calls spent.", no_args_is_help=True)
+app.add_typer(caps_app, name="caps")
+app.add_typer(spend_app, name="spend")
+
+
+@caps_app.command("show")
+def caps_show(as_json: JsonFlag = False) -> None:
+    """Every daily cap with today's (UTC) use."""
+    _show_caps(datetime.now(UTC).date(), as_json)
+
+
+@caps_app.command("set")
+def caps_set(
+    agent: Annotated[str, typer.Argument(help="Agent name, or '*' for the global cap.")],
+    usd: Annotated[str, typer.Argument(help="The new daily cap in US dollars, e.g. 25.00.")],
+    approved_by: Annotated[
+        str | None, typer.Option(help="Who approved it; required to raise a cap.")
+    ] = None,
+    reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
+) -> None:
+    """Change a daily cap. Raising one needs --approved-by; every change is audited."""
+    amount = _parse_usd(usd)
+    if agent != GLOBAL and agent not in catalog.AGENTS:
+        fail(f"unknown agent {agent!r}; agents: {', '.join(catalog.AGENTS)} (or '*' for global)")
+    settings = load_settings()
+
+    async def go() -> tuple[Decimal | None, Decimal]:
+        engine = create_engine(settings)
+        try:
+            return await spend.set_cap(
+                engine, agent, amount, approved_by=approved_by, reason=reason
+            )
+        finally:
+            await engine.dispose()
+
+    try:
+        old, new = run(go(), settings)
+    except spend.CapChangeRefused as exc:
+        fail(str(exc))
+    typer.echo(f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}")
+
+
+@spend_app.command("show")
+def spend_show(
+    day: Annotated[str | None, typer.Option(help="UTC day, YYYY-MM-DD; default today.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Reserved and spent per agent on one UTC day, against each cap."""
+    try:
+        when = datetime.strptime(day, "%Y-%m-%d").date() if day else datetime.now(UTC).date()
+    except ValueError:
+        fail(f"--day must be a date like 2026-01-31 (got {day!r})")
+    _show_caps(when, as_json)
+
+
+def _show_caps(when: date, as_json: bool) -> None:
+    settings = load_settings()
+
+    async def go() -> list[spend.Cap]:
+        engine = create_engine(settings)
+        try:
+            async with engine.connect() as conn:
+                return await spend.caps_for_day(conn, when)
+        finally:
+            await engine.dispose()
+
+    caps = run(go(), settings)
+    rows = [
+        {
+            "agent": c.agent,
+            "day": when.isoformat(),
+            "cap_usd": str(c.cap_usd),
+            "reserved_usd": str(c.reserved_usd),
+            "spent_usd": str(c.spent_usd),
+            "remaining_usd": str(c.remaining_usd),
+        }
+        for c in caps
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table(
+        ["agent", "day", "cap", "reserved", "spent", "remaining"],
+        [
+            [
+                r["agent"],
+                r["day"],
+                f"${r['cap_usd']}",
+                f"${r['reserved_usd']}",
+                f"${r['spent_usd']}",
+                f"${r['remaining_usd']}",
+            ]
+            for r in rows
+        ],
+    )
+    capped = {cap.agent for cap in caps}
+    for name, config in catalog.AGENTS.items():
+        if config.paid and name not in capped:
+            typer.echo(f"paid agent {name} has no cap: every job of it is denied (`caps set`)")
+
+
+def _parse_usd(text: str) -> Decimal:
+    try:
+        amount = Decimal(text)
+    except ArithmeticError:
+        fail(f"USD must be a number like 25.00 (got {text!r})")
+    if not amount.is_finite() or amount < 0:
+        fail(f"USD must be zero or more, like 25.00 (got {text!r})")
+    return amount
