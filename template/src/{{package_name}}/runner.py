@@ -20,7 +20,7 @@ from arq.worker import Retry
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store, paid_calls, recovery, replies, spend
+from . import job_store, paid_calls, recovery, replies, spend, tracing
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
@@ -81,8 +81,9 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
     jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
-    # Observed: the claim on entry, the recorded state on exit (metrics.py).
-    with runtime.metrics.run(job) as observed:
+    # Observed: the claim on entry, the recorded state on exit (metrics.py); traced as a
+    # CONSUMER span joined to the submit's trace (tracing.py, when on).
+    with runtime.metrics.run(job) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, job), jlog)
         outcome = check or await call_agent(runtime, job, jlog)
         observed.state = await record_outcome(runtime, job, outcome, jlog)
