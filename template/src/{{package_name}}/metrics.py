@@ -79,7 +79,8 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "agent_worker_job_queue_wait_seconds",
-            "Time from submit (or run_after, for a retry or a deferred job) to the claim",
+            "Time from when a delivery was due (its push, or the end of a retry's or deferred "
+            "job's wait) to its claim",
             ["lane"],
             buckets=WAIT_BUCKETS,
             registry=registry,
@@ -124,11 +125,17 @@ class Metrics:
     # The runner's two points ----------------------------------------------------------------
 
     @contextmanager
-    def run(self, job: Job) -> Iterator[RunRecord]:
+    def run(self, job: Job, *, due_ms: int | None = None) -> Iterator[RunRecord]:
         """Around one claimed run: the claim is observed on entry, the recorded state on
-        exit (`RunRecord.state`; an arq `Retry` counts as a retried try)."""
-        since = job.run_after if job.run_after and job.run_after > job.created_at else None
-        wait = (datetime.now(UTC) - (since or job.created_at)).total_seconds()
+        exit (`RunRecord.state`; an arq `Retry` counts as a retried try).
+
+        `due_ms` is when the delivery became due (arq's queue score, in Unix ms: the push,
+        or the end of a retry's or a deferred job's wait); without it, the job's creation.
+        """
+        if due_ms:
+            wait = time.time() - due_ms / 1000
+        else:
+            wait = (datetime.now(UTC) - job.created_at).total_seconds()
         self.queue_wait.labels(job.lane).observe(max(wait, 0.0))
         running = self.jobs_running.labels(job.lane)
         running.inc()

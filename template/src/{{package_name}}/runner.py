@@ -83,7 +83,7 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
     jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
     # Observed: the claim on entry, the recorded state on exit (metrics.py); traced as a
     # CONSUMER span joined to the submit's trace (tracing.py, when on).
-    with runtime.metrics.run(job) as observed, tracing.run_span(job):
+    with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, job), jlog)
         outcome = check or await call_agent(runtime, job, jlog)
         observed.state = await record_outcome(runtime, job, outcome, jlog)
