@@ -66,7 +66,7 @@ class Readiness:
     def check_lanes(self) -> str | None:
         idle = sorted(lane for lane, polling in self.lanes_polling().items() if not polling)
         if idle:
-            return f"lane {', '.join(idle)} is not polling Redis (its worker is reconnecting)"
+            return f"lane {', '.join(idle)} is not polling Redis (reconnecting, or draining)"
         return None
 
 

@@ -204,6 +204,7 @@ class LaneSupervisor:
 
     def drain(self, signum: signal.Signals) -> None:
         """Stop taking jobs; running ones get the lane's timeout to finish."""
+        self.polling = False  # not ready: send no more work here
         if self.worker is not None:
             self.worker.handle_sig_wait_for_completion(signum)
 
