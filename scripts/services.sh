@@ -4,6 +4,9 @@
 #   ensure_redis_server   make `redis-server` available on PATH (apt-get installs it when
 #                         missing and we are root). Starts nothing: the tests start their
 #                         own redis-server processes on free ports.
+#   ensure_prometheus     make `prometheus` and `promtool` available on PATH (apt-get installs
+#                         Debian's prometheus package when missing and we are root). Starts
+#                         nothing: the tests start their own Prometheus on a free port.
 #   start_postgres        throwaway PostgreSQL cluster in a temp dir, run as an unprivileged
 #                         user, on a free 127.0.0.1 port; exports TEST_DATABASE_URL (superuser,
 #                         can CREATE DATABASE) plus TEST_PG_HOST/TEST_PG_PORT/TEST_PG_BINDIR.
@@ -107,6 +110,31 @@ ensure_redis_server() {
     kill "$pid" 2>/dev/null || true
   done
   command -v redis-server >/dev/null 2>&1 || _svc_die "redis-server still not on PATH after apt-get install"
+}
+
+# ---- prometheus and promtool ----------------------------------------------------------------
+ensure_prometheus() {
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+    return 0
+  fi
+  if ! _svc_is_root; then
+    echo "error: prometheus/promtool not found on PATH; install them (e.g. sudo apt-get install -y prometheus) and re-run" >&2
+    exit 1
+  fi
+  local before after pid
+  before=" $(pgrep -x prometheus | tr "\n" " " || true) "
+  _svc_apt_install prometheus
+  # As for redis-server: stop a system prometheus the package may have started anyway.
+  after="$(pgrep -x prometheus || true)"
+  for pid in $after; do
+    case "$before" in *" $pid "*) continue ;; esac
+    _svc_log "stopping prometheus pid $pid started by the package install"
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      systemctl stop prometheus.service >/dev/null 2>&1 || true
+    fi
+    kill "$pid" 2>/dev/null || true
+  done
+  command -v promtool >/dev/null 2>&1 || _svc_die "promtool still not on PATH after apt-get install"
 }
 
 # ---- PostgreSQL -----------------------------------------------------------------------------

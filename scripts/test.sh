@@ -2,12 +2,12 @@
 # The one test command (`make test`). Usage: bash scripts/test.sh [pytest args...]
 #
 # 1. creates .venv and installs requirements-dev.txt (skipped when unchanged),
-# 2. makes sure redis-server is on PATH (tests start their own on free ports),
+# 2. makes sure redis-server, prometheus and promtool are on PATH (tests start their own),
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
 # 4. runs `.venv/bin/python -m pytest tests "$@"` from the repo root; exits with pytest's code.
 #
 # Exported for the tests: TEST_DATABASE_URL (superuser URL that can CREATE DATABASE),
-# TEST_REDIS_SERVER (path of redis-server), TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
+# TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -23,6 +23,10 @@ ensure_venv
 ensure_redis_server
 export TEST_REDIS_SERVER
 TEST_REDIS_SERVER="$(command -v redis-server)"
+ensure_prometheus
+export TEST_PROMETHEUS TEST_PROMTOOL
+TEST_PROMETHEUS="$(command -v prometheus)"
+TEST_PROMTOOL="$(command -v promtool)"
 start_postgres
 
 rc=0

@@ -267,6 +267,7 @@ def _job(row: asyncpg.Record) -> Job:
     values = dict(row)
     values["state"] = JobState(values["state"])
     values["payload"] = json.loads(values["payload"])
-    if values["result"] is not None:
-        values["result"] = json.loads(values["result"])
+    for name in ("result", "trace_context"):  # json columns come back as text
+        if values.get(name) is not None:
+            values[name] = json.loads(values[name])
     return Job(**values)

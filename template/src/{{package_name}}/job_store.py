@@ -59,6 +59,7 @@ class Job:
     updated_at: datetime
     claimed_at: datetime | None
     finished_at: datetime | None
+    trace_context: dict[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -125,9 +126,10 @@ class NewJob:
     max_attempts: int
     owner: str | None = None
     idempotency_key: str | None = None
+    trace_context: dict[str, str] | None = None
 
 
-# Rows per INSERT: 11 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+# Rows per INSERT: 12 columns each stays under SQLite's and asyncpg's bound-parameter limits.
 ENQUEUE_CHUNK = 1000
 
 
@@ -150,6 +152,7 @@ async def enqueue_many(
             "idempotency_key": key,
             "attempts": 0,
             "max_attempts": job.max_attempts,
+            "trace_context": job.trace_context,
             "created_at": now,
             "updated_at": now,
         }

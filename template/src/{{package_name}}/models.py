@@ -79,6 +79,8 @@ jobs = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("claimed_at", UTCDateTime()),
     Column("finished_at", UTCDateTime()),
+    # W3C trace context of the submit ({"traceparent": ...}) when tracing is on (tracing.py).
+    Column("trace_context", JSON),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),

@@ -82,6 +82,8 @@ class PaidCalls:
     attempt: int
     encode: Callable[[Any], Any] = lambda value: value
     decode: Callable[[Any], Any] = lambda value: value
+    # Told (agent, outcome) of every call: charged, reused, not_charged, in_doubt (metrics).
+    observe: Callable[[str, str], None] = lambda agent, outcome: None
 
     async def call(
         self,
@@ -105,8 +107,10 @@ class PaidCalls:
             if row is None:
                 await self._open(conn, name, max_micros, day)
         if row is not None and row.state == "closed":
+            self.observe(self.agent, "reused")
             return self.decode(row.result)
         if row is not None:
+            self.observe(self.agent, "in_doubt")
             raise PaidCallInDoubt(
                 f"paid call {name!r} of attempt {row.attempt} has no recorded outcome; "
                 "the provider may have charged it"
@@ -115,15 +119,18 @@ class PaidCalls:
             result = await fn()
         except NOT_CHARGED:
             await self._forget(name, max_micros, day)
+            self.observe(self.agent, "not_charged")
             raise
         except BaseException as exc:
             await self._park(name)
+            self.observe(self.agent, "in_doubt")
             raise PaidCallInDoubt(
                 f"paid call {name!r} failed with {type(exc).__name__} after it was sent; "
                 "the provider may have charged it"
             ) from exc
         cost = cost_usd(result) if callable(cost_usd) else cost_usd
         await self._close(name, max_micros, spend.to_micros(cost), day, self.encode(result))
+        self.observe(self.agent, "charged")
         return result
 
     async def _open(self, conn: AsyncConnection, name: str, max_micros: int, day: date) -> None:

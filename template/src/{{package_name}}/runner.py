@@ -20,10 +20,11 @@ from arq.worker import Retry
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store, paid_calls, recovery, replies, spend
+from . import job_store, paid_calls, recovery, replies, spend, tracing
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
+from .metrics import Metrics
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue
 from .retry import InvalidPayload, RetryPolicy, is_permanent
@@ -57,6 +58,8 @@ class Runtime:
     lane_timeouts: dict[str, int] = field(default_factory=dict)
     # Claims and completions of concurrent jobs, written in batches (see batched.py).
     batched: BatchedWrites | None = None
+    # This process's Prometheus series (its own registry: several runtimes never share).
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,17 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
     runtime: Runtime = ctx["runtime"]
     job = await claim(runtime, job_id)
     if job is None:
+        runtime.metrics.claim_refused()
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
     jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
-    check = await patiently(lambda: check_before_running(runtime, job), jlog)
-    outcome = check or await call_agent(runtime, job, jlog)
-    return await record_outcome(runtime, job, outcome, jlog)
+    # Observed: the claim on entry, the recorded state on exit (metrics.py); traced as a
+    # CONSUMER span joined to the submit's trace (tracing.py, when on).
+    with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
+        check = await patiently(lambda: check_before_running(runtime, job), jlog)
+        outcome = check or await call_agent(runtime, job, jlog)
+        observed.state = await record_outcome(runtime, job, outcome, jlog)
+        return observed.state
 
 
 async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
@@ -161,7 +169,9 @@ async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome
     if agent is None:
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
         return decide(runtime.policy, job, error, ())
-    paid = PaidCalls(runtime.engine, job.id, job.agent, job.attempts)
+    paid = PaidCalls(
+        runtime.engine, job.id, job.agent, job.attempts, observe=runtime.metrics.paid_call
+    )
     ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog, paid)
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from . import catalog, job_store
+from . import catalog, job_store, tracing
 from .agent import Agent, discover
 from .db import create_engine, transaction
 from .queue import JobQueue, Push, QueueUnavailable
@@ -98,19 +98,31 @@ class Submitter:
         idempotency_key: str | None = None,
     ) -> str:
         """Record the job, then queue it; returns the job id."""
-        self.check(agent, payload)
+        checked = self.check(agent, payload)
+        with tracing.submit_span(agent, self.agents[agent].config.lane) as span:
+            return await self._submit(agent, checked, owner, idempotency_key, span)
+
+    async def _submit(
+        self,
+        agent: str,
+        payload: dict[str, Any],
+        owner: str | None,
+        idempotency_key: str | None,
+        span: tracing.Submit,
+    ) -> str:
         config = self.agents[agent].config
+        row = job_store.NewJob(
+            agent=agent,
+            lane=config.lane,
+            payload=payload,
+            max_attempts=config.max_attempts or catalog.MAX_ATTEMPTS,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            trace_context=span.context,
+        )
         async with transaction(self.engine) as conn:
-            job_id, created = await job_store.enqueue(
-                conn,
-                agent=agent,
-                lane=config.lane,
-                payload=payload,
-                max_attempts=config.max_attempts or catalog.MAX_ATTEMPTS,
-                owner=owner,
-                idempotency_key=idempotency_key,
-                now=datetime.now(UTC),
-            )
+            ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=datetime.now(UTC))
+        span.recorded(job_id)
         if not created:
             log.info("job_exists", job_id=job_id, agent=agent)
             return job_id

@@ -28,6 +28,8 @@ from redis.exceptions import RedisError
 from . import catalog
 from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
 from .db import create_engine
+from .http_server import HttpPortUnavailable, ProbeServer
+from .probes import Readiness
 from .queue import (
     JobQueue,
     describe_redis_error,
@@ -165,6 +167,8 @@ class LaneSupervisor:
         self.reconnected = reconnected
         self.worker: Worker | None = None
         self.restarts = 0
+        # True from the moment arq connected until its worker stops (readiness, probes.py).
+        self.polling = False
         self._retiring: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -185,6 +189,8 @@ class LaneSupervisor:
                 return  # arq ended its main loop: a drain finished
             except Exception as exc:  # noqa: BLE001 - a fault restarts the lane, never the process
                 self.worker = None
+                self.polling = False
+                self.runtime.metrics.lane_restarted(self.lane)
                 self._retire(worker)
                 if self.stopping.is_set():
                     return
@@ -198,6 +204,7 @@ class LaneSupervisor:
 
     def drain(self, signum: signal.Signals) -> None:
         """Stop taking jobs; running ones get the lane's timeout to finish."""
+        self.polling = False  # not ready: send no more work here
         if self.worker is not None:
             self.worker.handle_sig_wait_for_completion(signum)
 
@@ -220,6 +227,7 @@ class LaneSupervisor:
         # arq's on_startup: Redis answered. After a fault, Redis may have lost jobs (a
         # restart without persistence): wake recovery now rather than at its next tick.
         # Setting an event cannot raise, so this hook cannot stop the worker.
+        self.polling = True
         if self.restarts:
             log.info("lane_worker_reconnected", lane=self.lane, restarts=self.restarts)
             self.reconnected.set()
@@ -271,12 +279,17 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
         raise ValueError(
             f"unknown lane {unknown[0]!r}; lanes: {', '.join(sorted(runtime.lane_timeouts))}"
         )
-    await reconcile_guarded(runtime)
     stopping, reconnected = asyncio.Event(), asyncio.Event()
     supervisors = [
         LaneSupervisor(runtime, lane, burst=burst, stopping=stopping, reconnected=reconnected)
         for lane in lanes
     ]
+    try:
+        http = await serve_http(runtime, supervisors, burst=burst)
+    except HttpPortUnavailable:
+        await close_runtime(runtime)
+        raise
+    await reconcile_guarded(runtime)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, _drain, supervisors, stopping, signum)
@@ -293,8 +306,24 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
             loop.remove_signal_handler(signum)
         grace = max(runtime.lane_timeouts[lane] for lane in lanes) + RECORD_GRACE_S
         await asyncio.gather(*(s.finish(grace) for s in supervisors))
+        if http is not None:
+            await http.close()
         await close_runtime(runtime)
         log.info("worker_stopped", worker=runtime.worker_name)
+
+
+async def serve_http(
+    runtime: Runtime, supervisors: list[LaneSupervisor], *, burst: bool
+) -> ProbeServer | None:
+    """Start `/metrics`, `/livez` and `/readyz` on `<PREFIX>HTTP_PORT`; None when the port is
+    0 or the run is a burst (a batch run that ends by itself is no probe target)."""
+    settings = runtime.settings
+    if burst or settings.http_port == 0:
+        return None
+    readiness = Readiness(runtime, lambda: {s.lane: s.polling for s in supervisors})
+    server = ProbeServer(runtime, readiness, settings.http_host, settings.http_port)
+    await server.start()
+    return server
 
 
 def _drain(supervisors: list[LaneSupervisor], stopping: asyncio.Event, signum: int) -> None:
@@ -307,9 +336,13 @@ def _drain(supervisors: list[LaneSupervisor], stopping: asyncio.Event, signum: i
 async def reconcile_guarded(runtime: Runtime) -> None:
     """Run recovery once; a failure is logged and never stops the worker."""
     try:
-        await reconcile(runtime.engine, runtime.queue, reply_steps=reply_steps(runtime.agents))
+        report = await reconcile(
+            runtime.engine, runtime.queue, reply_steps=reply_steps(runtime.agents)
+        )
     except Exception as exc:  # noqa: BLE001 - recovery retries on its next run
         log.warning("reconcile_failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    runtime.metrics.reconciled(report)
 
 
 async def _recover_periodically(runtime: Runtime, reconnected: asyncio.Event) -> None:

@@ -5,26 +5,43 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from .. import catalog, dlq, job_store, replies, spend
+from .. import catalog
 from ..db import create_engine
 from ..queue import JobQueue
-from ..settings import Settings
-from ..states import JobState
+from ..settings import ENV_PREFIX, Settings
+from ..stats import as_json as stats_json
+from ..stats import lane_depths, read_service_stats
 from .app import app
-from .support import JsonFlag, load_settings, run, table
+from .support import JsonFlag, fail, load_settings, run, table
 
 
 @app.command()
-def doctor(as_json: JsonFlag = False) -> None:
+def doctor(
+    as_json: JsonFlag = False,
+    probe: Annotated[
+        str | None,
+        typer.Option(
+            help="live or ready: ask this machine's worker (its /livez or /readyz) and print "
+            "nothing; exit code 0 when it answers 200.",
+        ),
+    ] = None,
+) -> None:
     """Check the database, Redis (reachable, no eviction, memory, TLS) and spend caps; exit
     code 1 when any check fails."""
     from .. import doctor as checks
 
+    if probe is not None:
+        if probe not in ("live", "ready"):
+            fail(f"--probe must be live or ready (got {probe!r})")
+        settings = load_settings()
+        if settings.http_port == 0:
+            fail(f"{ENV_PREFIX}HTTP_PORT is 0: the worker serves no probes; set a port")
+        raise typer.Exit(checks.probe(settings, probe))
     try:
         settings = Settings()  # not get_settings(): a TLS mistake is one of doctor's lines
     except ValidationError:
@@ -50,41 +67,12 @@ def stats(as_json: JsonFlag = False) -> None:
         queue = await JobQueue.connect(settings, conn_retries=0)
         try:
             async with engine.connect() as conn:
-                by_state = await job_store.count_by_state(conn)
-                oldest = await job_store.oldest_queued(conn)
-                causes = await dlq.causes(conn)
-                caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
-                unsent = await replies.unsent(conn)
-            depth = {lane: await queue.depth(lane) for lane in catalog.LANES}
+                now = await read_service_stats(conn)
+            depths = await lane_depths(queue, catalog.LANES)
         finally:
             await queue.close()
             await engine.dispose()
-        now = datetime.now(UTC)
-        return {
-            "jobs_by_state": {s.value: by_state.get(s.value, 0) for s in JobState},
-            "lanes": {
-                lane: {
-                    "redis_depth": depth[lane],
-                    "oldest_queued_age_s": round((now - oldest[lane]).total_seconds(), 1)
-                    if lane in oldest
-                    else None,
-                }
-                for lane in catalog.LANES
-            },
-            "parked_by_cause": [
-                {"cause_id": g.cause_id, "count": g.count, "cause": g.cause} for g in causes
-            ],
-            "spend_today": [
-                {
-                    "agent": c.agent,
-                    "cap_usd": str(c.cap_usd),
-                    "spent_usd": str(c.spent_usd),
-                    "reserved_usd": str(c.reserved_usd),
-                }
-                for c in caps
-            ],
-            "unsent_replies": unsent,
-        }
+        return stats_json(now, depths, catalog.LANES)
 
     out = run(go(), settings)
     if as_json:
