@@ -83,7 +83,7 @@ def approvals_reject(
 def _decide(job_id: str, *, approved: bool, by: str, reason: str | None) -> JobState:
     settings = load_settings()
 
-    async def go(settings: Settings) -> JobState | str:
+    async def go(settings: Settings) -> tuple[JobState | None, str]:
         engine = create_engine(settings)
         queue: JobQueue | None = None
         try:
@@ -91,17 +91,18 @@ def _decide(job_id: str, *, approved: bool, by: str, reason: str | None) -> JobS
                 queue = await JobQueue.connect(settings, conn_retries=0)
             except QueueUnavailable:
                 queue = None  # the decision still counts: recovery pushes the job
-            return await approvals.decide(
+            state = await approvals.decide(
                 engine, job_id, approved=approved, by=by, reason=reason, queue=queue
             )
+            return state, ""
         except ApprovalError as exc:
-            return str(exc)
+            return None, str(exc)
         finally:
             if queue is not None:
                 await queue.close()
             await engine.dispose()
 
-    outcome = run(go(settings), settings)
-    if isinstance(outcome, str):
-        fail(outcome, code=1)
-    return outcome
+    state, refusal = run(go(settings), settings)
+    if state is None:
+        fail(refusal, code=1)
+    return state
