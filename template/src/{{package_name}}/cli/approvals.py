@@ -1,5 +1,4 @@
-"""Admin commands for approvals: `approvals list/approve/reject`
-(template-owned: copier-agent-worker).
+"""`approvals list/approve/reject` (template-owned: copier-agent-worker).
 
 Both decisions call `approvals.decide`, the one implementation a web console or API would
 call too; this module only reads options and prints.
@@ -12,17 +11,19 @@ from typing import Annotated
 
 import typer
 
-from . import approvals
-from .approvals import ApprovalError
-from .cli_support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
-from .db import create_engine
-from .queue import JobQueue, QueueUnavailable
-from .settings import Settings
-from .states import JobState
+from .. import approvals
+from ..approvals import ApprovalError
+from ..db import create_engine
+from ..queue import JobQueue, QueueUnavailable
+from ..settings import Settings
+from ..states import JobState
+from .app import app
+from .support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
 
 approvals_app = typer.Typer(
     help="Jobs waiting for a person: list, approve, reject (audited).", no_args_is_help=True
 )
+app.add_typer(approvals_app, name="approvals")
 ApprovedBy = Annotated[str | None, typer.Option(help="Who decided (required; audited).")]
 
 
