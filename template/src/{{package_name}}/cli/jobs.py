@@ -222,7 +222,7 @@ def jobs_list(
         typer.echo(json.dumps([job.as_dict() for job in jobs], indent=2))
         return
     table(
-        ["id", "agent", "state", "attempts", "created", "last error"],
+        ["id", "agent", "state", "attempts", "created", "last error / waiting for"],
         [
             [
                 j.id,
@@ -230,7 +230,7 @@ def jobs_list(
                 j.state.value,
                 f"{j.attempts}/{j.max_attempts}",
                 short_time(j.created_at),
-                (j.last_error or "")[:60],
+                (f"waiting for {j.waiting_for}" if j.waiting_for else j.last_error or "")[:60],
             ]
             for j in jobs
         ],
