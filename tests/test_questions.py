@@ -220,6 +220,19 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         ["agents={Bad-Name: {paid: false, timeout_s: 60, lane: default}}"],
         "e.g. bad_name",
     ),
+    "fans-out-to-an-unknown-agent": (
+        [
+            "agents={lead: {paid: false, timeout_s: 60, lane: default, fans_out_to: helper}, "
+            "sub: {paid: false, timeout_s: 60, lane: default}}"
+        ],
+        'has fans_out_to "helper", which is not another agent of this service; write the '
+        "name of one, e.g. fans_out_to: sub",
+    ),
+    "fans-out-to-itself": (
+        [_agent(fans_out_to="summarize")],
+        "which is not another agent of this service; write the name of one, e.g. fans_out_to: "
+        "OTHER_AGENT",
+    ),
     "agent-not-a-mapping": (
         ["agents={summarize: 60}"],
         "agent summarize must be a mapping of settings",

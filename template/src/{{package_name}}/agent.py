@@ -14,12 +14,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from .paid_calls import Cost, PaidCalls
 from .replies import ReplyFn
+
+if TYPE_CHECKING:  # durable.py imports the retry rules, which import this module
+    from .approvals import Decision
+    from .children import ChildOutcome
+    from .durable import Durable
 
 
 class GiveUp(Exception):
@@ -57,6 +62,40 @@ class AgentContext:
     max_attempts: int
     log: Any  # a structlog logger bound to job_id, agent and attempt
     paid: PaidCalls | None = None
+    durable: Durable | None = None
+
+    async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run `fn()` once per job under `name` and return its JSON result; every later run
+        of the job (a retry, a resume after waiting) gets the stored result without calling
+        `fn` again."""
+        return await self._durable().step(name, fn)
+
+    async def approval(
+        self, name: str, *, summary: str, timeout_s: float | None = None
+    ) -> Decision:
+        """Wait for a person to approve `name` (`approvals approve|reject JOB_ID`).
+
+        The first time, the job parks `waiting` (this run stops here; it uses no attempt)
+        and re-runs from the top once decided. Returns the decision: `.approved`, `.by`,
+        `.reason`, `.at`. A rejection fails the job instead; after `timeout_s` the decision
+        is "expired" (not approved, by "timeout").
+        """
+        return await self._durable().approval(name, summary=summary, timeout_s=timeout_s)
+
+    async def spawn(self, agent: str, payload: dict[str, Any], *, key: str) -> str:
+        """Submit a child job running `agent` at most once per (this job, `key`); its id."""
+        return await self._durable().spawn(agent, payload, key=key)
+
+    async def wait_children(self) -> dict[str, ChildOutcome]:
+        """Each child's outcome (`.state`, `.result`, `.error`) by key, once every child has
+        settled; until then the job parks `waiting` (using no attempt). A child's failure is
+        in its outcome, never raised here."""
+        return await self._durable().wait_children()
+
+    def _durable(self) -> Durable:
+        if self.durable is None:
+            raise RuntimeError("steps, approvals and children need the context the runner gives")
+        return self.durable
 
     async def paid_call(
         self,

@@ -74,7 +74,8 @@ WITH claimed AS (
 SELECT * FROM claimed
 """
 
-# `job_store.complete` for many jobs, each guarded by the attempt that ran it.
+# `job_store.complete` for many jobs, each guarded by the attempt that ran it. A child job
+# (parent_id set) never completes here: job_store.complete also queues its waiting parent.
 COMPLETE_SQL = """
 WITH outcome AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::text[]) AS o(id, attempt, result)
@@ -84,6 +85,7 @@ WITH outcome AS (
         finished_at = $4, updated_at = $4, lease_expires_at = NULL
     FROM outcome
     WHERE jobs.id = outcome.id AND jobs.attempts = outcome.attempt AND jobs.state = 'active'
+      AND jobs.parent_id IS NULL
     RETURNING jobs.id, jobs.attempts
 ), closed AS (
     UPDATE attempts SET finished_at = $4, outcome = 'completed'

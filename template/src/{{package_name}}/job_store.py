@@ -19,12 +19,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .models import approvals as approvals_table
 from .models import attempts, jobs
 from .models import paid_calls as paid_calls_table
 from .models import replies as replies_table
-from .states import JobState, sources, target
+from .models import steps as steps_table
+from .states import SETTLED, JobState, sources, target
 
 LEASE_EXPIRED = "the lease expired with no outcome recorded"
+# `waiting_for` of a parent waiting for its children; an approval's is "approval:NAME".
+CHILDREN = "children"
 ALL_ATTEMPTS_LOST = "the last attempt's worker stopped before recording an outcome"
 
 
@@ -60,6 +64,9 @@ class Job:
     claimed_at: datetime | None
     finished_at: datetime | None
     trace_context: dict[str, str] | None = None
+    parent_id: str | None = None  # set on a child job (ctx.spawn)
+    child_key: str | None = None
+    waiting_for: str | None = None  # "approval:NAME" or "children" while `waiting`
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -302,16 +309,15 @@ async def exhaust(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
         lease_expires_at=None,
         last_error=_summary(ErrorInfo("AttemptsExhausted", ALL_ATTEMPTS_LOST)),
     ).where(jobs.c.lease_expires_at < now, jobs.c.attempts >= jobs.c.max_attempts)
-    if (await conn.execute(stmt)).rowcount != 1:
+    if not await _settle(conn, stmt, now):
         return False
     await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", LEASE_EXPIRED)
     return True
 
 
 async def cancel(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
-    """An operator stops a job that is waiting or parked."""
-    stmt = _move("cancel", job_id, now, finished_at=now)
-    return (await conn.execute(stmt)).rowcount == 1
+    """An operator stops a job that is queued, waiting or parked."""
+    return await _settle(conn, _move("cancel", job_id, now, finished_at=now, waiting_for=None), now)
 
 
 async def deny(
@@ -321,7 +327,7 @@ async def deny(
     stmt = _move("deny", job_id, now, finished_at=now, lease_expires_at=None, last_error=reason)
     if attempt is not None:
         stmt = stmt.where(jobs.c.attempts == attempt)
-    if (await conn.execute(stmt)).rowcount != 1:
+    if not await _settle(conn, stmt, now):
         return False
     await _close_open_attempts(conn, job_id, now, "denied", "SpendDenied", reason)
     return True
@@ -376,13 +382,135 @@ async def resolve(
 ) -> bool:
     """An operator checked the provider and records an `in_doubt` job as completed."""
     stmt = _move("resolve", job_id, now, result=result, finished_at=now)
-    return (await conn.execute(stmt)).rowcount == 1
+    return await _settle(conn, stmt, now)
 
 
 async def reject(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
     """An operator checked the provider and records an `in_doubt` job as failed."""
     stmt = _move("reject", job_id, now, finished_at=now, last_error=reason)
+    return await _settle(conn, stmt, now)
+
+
+async def wait(
+    conn: AsyncConnection, job_id: str, *, attempt: int, reason: str, now: datetime
+) -> bool:
+    """The running attempt reached an undecided approval or unsettled children: `waiting`,
+    with no lease. The attempt is recorded (outcome `waiting`) but not counted: the job gets
+    one attempt more, so waiting never brings it nearer `max_attempts`."""
+    return await _finish(
+        conn,
+        "wait",
+        job_id,
+        attempt,
+        now,
+        "waiting",
+        waiting_for=reason,
+        max_attempts=jobs.c.max_attempts + 1,
+    )
+
+
+async def resume(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
+    """The approval was decided or the children settled: back to `queued`, to run from the
+    top (its steps come back from the record)."""
+    stmt = _move("resume", job_id, now, waiting_for=None, run_after=None)
     return (await conn.execute(stmt)).rowcount == 1
+
+
+async def decline(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
+    """A person rejected the waiting job's approval: `failed`, with the reason."""
+    stmt = _move("decline", job_id, now, waiting_for=None, finished_at=now, last_error=reason)
+    return await _settle(conn, stmt, now)
+
+
+async def enqueue_child(
+    conn: AsyncConnection,
+    *,
+    parent_id: str,
+    key: str,
+    agent: str,
+    lane: str,
+    payload: dict[str, Any],
+    max_attempts: int,
+    now: datetime,
+) -> tuple[str, bool]:
+    """Insert a `queued` child of `parent_id` under `key`, at most once per (parent, key);
+    return (id, created)."""
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    stmt = (
+        dialect_insert(jobs)
+        .values(
+            id=new_job_id(),
+            agent=agent,
+            lane=lane,
+            state=JobState.QUEUED.value,
+            payload=payload,
+            owner="",
+            attempts=0,
+            max_attempts=max_attempts,
+            parent_id=parent_id,
+            child_key=key,
+            created_at=now,
+            updated_at=now,
+        )
+        .on_conflict_do_nothing()
+        .returning(jobs.c.id)
+    )
+    created = await conn.scalar(stmt)
+    if created is not None:
+        return str(created), True
+    found = await conn.scalar(
+        select(jobs.c.id).where(jobs.c.parent_id == parent_id, jobs.c.child_key == key)
+    )
+    if found is None:  # pragma: no cover - a uuid4 collision
+        raise RuntimeError("child insert conflicted but no existing child was found")
+    return str(found), False
+
+
+async def children_of(conn: AsyncConnection, parent_id: str) -> list[Job]:
+    """A parent's children, oldest first."""
+    stmt = select(jobs).where(jobs.c.parent_id == parent_id).order_by(jobs.c.created_at, jobs.c.id)
+    return [Job.from_row(row) for row in await conn.execute(stmt)]
+
+
+async def unsettled_children(conn: AsyncConnection, parent_id: str) -> int:
+    """How many of a parent's children have not settled yet."""
+    stmt = select(func.count()).where(
+        jobs.c.parent_id == parent_id, jobs.c.state.not_in([s.value for s in SETTLED])
+    )
+    return int(await conn.scalar(stmt) or 0)
+
+
+async def resume_if_children_settled(
+    conn: AsyncConnection, parent_id: str, *, now: datetime
+) -> bool:
+    """Queue a parent that waits for its children once none is left unsettled.
+
+    Takes the parent's row lock first (PostgreSQL), so that of two children settling at
+    once, or a child settling while its parent parks, the second to commit sees the first.
+    """
+    parent = (
+        await conn.execute(
+            select(jobs.c.state, jobs.c.waiting_for).where(jobs.c.id == parent_id).with_for_update()
+        )
+    ).first()
+    if parent is None or parent.state != JobState.WAITING.value or parent.waiting_for != CHILDREN:
+        return False
+    if await unsettled_children(conn, parent_id):
+        return False
+    return await resume(conn, parent_id, now=now)
+
+
+async def waiting_page(
+    conn: AsyncConnection, *, after_id: str, limit: int
+) -> Sequence[tuple[str, str, str | None]]:
+    """(id, lane, waiting_for) of `waiting` jobs after `after_id`, in id order."""
+    stmt = (
+        select(jobs.c.id, jobs.c.lane, jobs.c.waiting_for)
+        .where(jobs.c.state == JobState.WAITING.value, jobs.c.id > after_id)
+        .order_by(jobs.c.id)
+        .limit(limit)
+    )
+    return [(row.id, row.lane, row.waiting_for) for row in await conn.execute(stmt)]
 
 
 # Reads ------------------------------------------------------------------------------------
@@ -489,7 +617,7 @@ async def prune(engine: Any, *, finished_before: datetime, states: frozenset[Job
             ).all()
             if not ids:
                 return deleted
-            for table in (paid_calls_table, replies_table, attempts):
+            for table in (paid_calls_table, replies_table, steps_table, approvals_table, attempts):
                 await conn.execute(table.delete().where(table.c.job_id.in_(ids)))
             deleted += (await conn.execute(jobs.delete().where(jobs.c.id.in_(ids)))).rowcount
 
@@ -504,6 +632,21 @@ def _move(verb: str, job_id: str, now: datetime, **values: Any) -> Any:
         .where(jobs.c.id == job_id, jobs.c.state.in_([s.value for s in sources(verb)]))
         .values(state=target(verb).value, updated_at=now, **values)
     )
+
+
+async def _moved(conn: AsyncConnection, stmt: Any) -> bool:
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def _settle(conn: AsyncConnection, stmt: Any, now: datetime) -> bool:
+    """Run a move into a settled state; when the job is a child, queue its parent if this
+    was the last child it waited for, in the same transaction."""
+    row = (await conn.execute(stmt.returning(jobs.c.parent_id))).first()
+    if row is None:
+        return False
+    if row.parent_id is not None:
+        await resume_if_children_settled(conn, row.parent_id, now=now)
+    return True
 
 
 async def _finish(
@@ -523,7 +666,7 @@ async def _finish(
     stmt = _move(verb, job_id, now, lease_expires_at=None, **values).where(
         jobs.c.attempts == attempt
     )
-    if (await conn.execute(stmt)).rowcount != 1:
+    if not await (_settle(conn, stmt, now) if target(verb) in SETTLED else _moved(conn, stmt)):
         return False
     await conn.execute(
         update(attempts)

@@ -81,9 +81,15 @@ jobs = Table(
     Column("finished_at", UTCDateTime()),
     # W3C trace context of the submit ({"traceparent": ...}) when tracing is on (tracing.py).
     Column("trace_context", JSON),
+    # A child job (ctx.spawn): its parent and its key, unique per parent.
+    Column("parent_id", String(36)),
+    Column("child_key", String(200)),
+    # Why a `waiting` job waits: "approval:NAME" or "children".
+    Column("waiting_for", String(200)),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),
+    Index("uq_jobs_parent_id_child_key", "parent_id", "child_key", unique=True),
 )
 
 attempts = Table(
@@ -169,5 +175,38 @@ replies = Table(
     Column("last_error", Text),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("sent_at", UTCDateTime()),
+    Index(None, "state"),
+)
+
+# A job's memoized steps (ctx.step): one row per (job, name), committed before the job goes
+# on; a later run of the job returns `result` without calling the step again.
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("result", JSON),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("job_id", "name"),
+)
+
+# A job's approvals (ctx.approval): pending until a person approves or rejects it, or its
+# timeout expires it.
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("summary", Text, nullable=False),
+    Column("state", String(20), nullable=False),  # pending / approved / rejected / expired
+    Column("requested_at", UTCDateTime(), nullable=False),
+    Column("expires_at", UTCDateTime()),
+    Column("decided_at", UTCDateTime()),
+    Column("decided_by", String(200)),
+    Column("reason", Text),
+    UniqueConstraint("job_id", "name"),
     Index(None, "state"),
 )

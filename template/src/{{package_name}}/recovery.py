@@ -7,7 +7,11 @@ passes over the table, each paged by id (keyset, never OFFSET):
    worker: `rescue` settles each (back to `queued`, the lost attempt counted);
 2. `queued` rows that arq would never deliver (no job key, or no entry in their lane's
    queue; arq's "job expired" results count as lost) are pushed again with the same id,
-   respecting `run_after`.
+   respecting `run_after`;
+3. `waiting` rows are otherwise left alone (they hold no lease and no arq entry), except
+   those whose approval timed out (decided "expired") and parents whose children have all
+   settled (a crash between the last child settling and its parent being queued): both
+   go back to `queued` and are pushed.
 
 Redis is asked and pushed to in batches (one script call per thousand rows or more), so a
 large table costs few round trips. Any number of reconcilers may run at once (every worker
@@ -28,7 +32,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import job_store, paid_calls, replies
+from . import approvals, children, job_store, paid_calls, replies
 from .agent import Agent
 from .db import create_engine, transaction
 from .queue import JobQueue, Push
@@ -57,6 +61,7 @@ class ReconcileReport:
     queued: int = 0  # queued rows checked against Redis
     pushed: int = 0  # queued rows arq had lost, pushed again
     replies_sent: int = 0  # replies of completed jobs that had not been sent
+    resumed: int = 0  # waiting jobs queued: approval timed out, or every child settled
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -81,6 +86,7 @@ async def reconcile(
     report = ReconcileReport(dry_run=dry_run)
     await _rescue_expired_leases(engine, queue, report, progress)
     await _push_lost_queued(engine, queue, report, progress)
+    await _resume_waiting(engine, queue, report)
     if reply_steps and not dry_run:
         report.replies_sent = await replies.send_pending(engine, reply_steps)
     report.seconds = round(time.monotonic() - started, 3)
@@ -90,6 +96,7 @@ async def reconcile(
         or report.dead_lettered
         or report.pushed
         or report.replies_sent
+        or report.resumed
     ):
         log.info("reconciled", **report.as_dict())
     return report
@@ -213,6 +220,18 @@ async def _rescue_page(
             report.requeued += state is JobState.QUEUED
             report.in_doubt += state is JobState.IN_DOUBT
             report.dead_lettered += state is JobState.DEAD_LETTERED
+
+
+async def _resume_waiting(engine: AsyncEngine, queue: JobQueue, report: ReconcileReport) -> None:
+    now = datetime.now(UTC)
+    if report.dry_run:
+        report.resumed = len(await children.resume_settled(engine, dry_run=True))
+        return
+    pushes = await approvals.expire_due(engine, now=now)
+    pushes += await children.resume_settled(engine)
+    report.resumed = len(pushes)
+    if pushes:
+        await queue.push_many(pushes)
 
 
 async def _push_lost_queued(

@@ -20,13 +20,14 @@ from arq.worker import Retry
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store, paid_calls, recovery, replies, spend, tracing
+from . import job_store, paid_calls, recovery, replies, spend, tracing, waiting
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
+from .durable import Durable
 from .metrics import Metrics
 from .paid_calls import PaidCallInDoubt, PaidCalls
-from .queue import JobQueue
+from .queue import JobQueue, Push, QueueUnavailable
 from .retry import InvalidPayload, RetryPolicy, is_permanent
 from .settings import Settings
 from .states import JobState
@@ -66,10 +67,11 @@ class Runtime:
 class Outcome:
     """What one attempt ended with."""
 
-    kind: Literal["completed", "retry", "failed", "dead_lettered", "denied", "in_doubt"]
+    kind: Literal["completed", "retry", "failed", "dead_lettered", "denied", "in_doubt", "waiting"]
     result: dict[str, Any] | None = None
     error: job_store.ErrorInfo | None = None
     delay_s: float = 0.0
+    waiting_for: str | None = None  # "approval:NAME" or "children"
 
 
 async def run_job(ctx: dict[str, Any], job_id: str) -> str:
@@ -172,7 +174,8 @@ async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome
     paid = PaidCalls(
         runtime.engine, job.id, job.agent, job.attempts, observe=runtime.metrics.paid_call
     )
-    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog, paid)
+    durable = Durable(runtime.engine, job.id, job.attempts, runtime.agents, runtime.queue)
+    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog, paid, durable)
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )
@@ -181,6 +184,8 @@ async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome
         async with asyncio.timeout(timeout):
             result = await agent.run(ctx, dict(job.payload))
         _check_result(result)
+    except waiting.Wait as wait:
+        return Outcome("waiting", waiting_for=wait.reason)
     except (Exception, spend.SpendDenied, PaidCallInDoubt) as exc:  # noqa: BLE001 - all recorded
         return decide(runtime.policy, job, exc, agent.permanent_errors)
     finally:
@@ -210,6 +215,8 @@ def decide(
 
 async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
     """Write the outcome, guarded by the attempt number; hand a retry back to arq."""
+    if outcome.kind == "waiting":
+        return await park(runtime, job, outcome, jlog)
     agent = runtime.agents.get(job.agent)
     reply = agent.reply if agent is not None else None
     has_reply = reply is not None
@@ -217,6 +224,8 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
     if not done:
         jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
         return "lease_lost"
+    if job.parent_id is not None and outcome.kind != "retry":
+        await push_parent(runtime, job.parent_id, jlog)
     if outcome.kind == "completed":
         jlog.info("job_completed", state=outcome.kind)
         if reply is not None:
@@ -255,7 +264,9 @@ async def write_outcome(
     """One try at writing `outcome` for the attempt `job.attempts`; False when that attempt
     no longer holds the job (its lease was taken over)."""
     now = _now()
-    if outcome.kind == "completed" and not has_reply and runtime.batched is not None:
+    # A child's completion may queue its parent, in job_store.complete's transaction.
+    batchable = not has_reply and job.parent_id is None
+    if outcome.kind == "completed" and batchable and runtime.batched is not None:
         assert outcome.result is not None
         return await runtime.batched.complete(job.id, attempt=job.attempts, result=outcome.result)
     async with transaction(runtime.engine) as conn:
@@ -289,6 +300,38 @@ async def write_outcome(
             verb = job_store.fail if outcome.kind == "failed" else job_store.dead_letter
             done = await verb(conn, job.id, attempt=job.attempts, error=outcome.error, now=now)
     return done
+
+
+async def park(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
+    """Park the job `waiting` (no lease, no arq entry, no attempt used); when what it waits
+    for is already there, hand it straight back to arq instead."""
+    assert outcome.waiting_for is not None
+    reason = outcome.waiting_for
+
+    async def write() -> str | None:
+        async with transaction(runtime.engine) as conn:
+            return await waiting.park(conn, job.id, attempt=job.attempts, reason=reason, now=_now())
+
+    state = await patiently(write, jlog)
+    if state is None:
+        jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
+        return "lease_lost"
+    jlog.info("job_waiting", state=state, waiting_for=reason)
+    if state == "queued":
+        raise Retry(defer=0)
+    return JobState.WAITING.value
+
+
+async def push_parent(runtime: Runtime, parent_id: str, jlog: Any) -> None:
+    """Push a parent that this child's settling queued (if Redis refuses, recovery will)."""
+    async with runtime.engine.connect() as conn:
+        parent = await job_store.get_job(conn, parent_id)
+    if parent is None or parent.state is not JobState.QUEUED:
+        return
+    try:
+        await runtime.queue.push_many([Push(parent.id, parent.lane)])
+    except QueueUnavailable as exc:
+        jlog.warning("parent_not_pushed", parent_id=parent_id, error=str(exc))
 
 
 async def send_reply(runtime: Runtime, job_id: str, reply: replies.ReplyFn, jlog: Any) -> None:

@@ -21,14 +21,18 @@ class JobState(StrEnum):
     DENIED = "denied"  # spend policy refused it before any paid call
     IN_DOUBT = "in_doubt"  # a worker died during a paid call; the charge may have happened
     CANCELLED = "cancelled"  # stopped by an operator
+    WAITING = "waiting"  # an approval or the job's children act next; no lease, no arq entry
 
 
 RUNNABLE = frozenset({JobState.QUEUED})
 IN_FLIGHT = frozenset({JobState.ACTIVE})
 PARKED = frozenset({JobState.FAILED, JobState.DEAD_LETTERED, JobState.DENIED, JobState.IN_DOUBT})
 TERMINAL = frozenset({JobState.COMPLETED, JobState.CANCELLED})
+WAITING = frozenset({JobState.WAITING})
+# A child in one of these states has settled: its parent's `wait_children` may go on.
+SETTLED = TERMINAL | PARKED - {JobState.IN_DOUBT}
 
-Q, A = JobState.QUEUED, JobState.ACTIVE
+Q, A, W = JobState.QUEUED, JobState.ACTIVE, JobState.WAITING
 
 # verb -> (states it moves from, state it moves to). job_store has one function per verb.
 TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
@@ -44,7 +48,10 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
     "replay": (PARKED, Q),  # operator-approved; from IN_DOUBT only by `dlq resolve --outcome retry`
     "resolve": (frozenset({JobState.IN_DOUBT}), JobState.COMPLETED),
     "reject": (frozenset({JobState.IN_DOUBT}), JobState.FAILED),
-    "cancel": (RUNNABLE | PARKED, JobState.CANCELLED),
+    "cancel": (RUNNABLE | PARKED | WAITING, JobState.CANCELLED),
+    "wait": (frozenset({A}), W),  # the run reached an undecided approval or unsettled children
+    "resume": (WAITING, Q),  # the approval was decided, or the last child settled
+    "decline": (WAITING, JobState.FAILED),  # a person rejected the job's approval
 }
 
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import audit, job_store, paid_calls
-from ..db import create_engine, transaction
+from .. import approvals, children, job_store, paid_calls, steps
+from ..db import create_engine
 from ..states import PARKED, TERMINAL
 from ..submit import Submitter
 from .app import app
@@ -91,7 +91,12 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
     settings = load_settings()
 
     async def go() -> tuple[
-        job_store.Job | None, list[job_store.Attempt], list[paid_calls.PaidCall]
+        job_store.Job | None,
+        list[job_store.Attempt],
+        list[paid_calls.PaidCall],
+        list[steps.Step],
+        list[approvals.Approval],
+        list[job_store.Job],
     ]:
         engine = create_engine(settings)
         try:
@@ -100,17 +105,28 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
                     await job_store.get_job(conn, job_id),
                     await job_store.job_attempts(conn, job_id),
                     await paid_calls.calls_of(conn, job_id),
+                    await steps.steps_of(conn, job_id),
+                    await approvals.of_job(conn, job_id),
+                    await job_store.children_of(conn, job_id),
                 )
         finally:
             await engine.dispose()
 
-    job, attempts, calls = run(go(), settings)
+    job, attempts, calls, done_steps, asked, kids = run(go(), settings)
     if job is None:
         fail(f"no job with id {job_id}")
     if as_json:
         out = job.as_dict()
         out["attempt_log"] = [attempt_dict(a) for a in attempts]
         out["paid_calls"] = [attempt_dict(c) for c in calls]
+        out["steps"] = [
+            {"name": s.name, "attempt": s.attempt, "result": s.result, "at": s.created_at}
+            for s in done_steps
+        ]
+        out["approvals"] = [a.as_dict() for a in asked]
+        out["children"] = [
+            {"key": k.child_key, "id": k.id, "agent": k.agent, "state": k.state.value} for k in kids
+        ]
         typer.echo(json.dumps(out, indent=2, default=str))
         return
     for key, value in job.as_dict().items():
@@ -146,6 +162,40 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
                 for c in calls
             ],
         )
+    _show_durable(done_steps, asked, kids)
+
+
+def _show_durable(
+    done_steps: list[steps.Step], asked: list[approvals.Approval], kids: list[job_store.Job]
+) -> None:
+    """The steps, approvals and children of `jobs show`."""
+    if done_steps:
+        typer.echo("")
+        table(
+            ["step", "attempt", "done", "result"],
+            [
+                [s.name, str(s.attempt), short_time(s.created_at), json.dumps(s.result)[:60]]
+                for s in done_steps
+            ],
+        )
+    if asked:
+        typer.echo("")
+        table(
+            ["approval", "state", "requested", "decided by", "reason"],
+            [
+                [a.name, a.state, short_time(a.requested_at), a.decided_by or "", a.reason or ""]
+                for a in asked
+            ],
+        )
+    if kids:
+        typer.echo("")
+        table(
+            ["child key", "id", "agent", "state", "last error"],
+            [
+                [k.child_key or "", k.id, k.agent, k.state.value, (k.last_error or "")[:60]]
+                for k in kids
+            ],
+        )
 
 
 @jobs_app.command("list")
@@ -172,7 +222,7 @@ def jobs_list(
         typer.echo(json.dumps([job.as_dict() for job in jobs], indent=2))
         return
     table(
-        ["id", "agent", "state", "attempts", "created", "last error"],
+        ["id", "agent", "state", "attempts", "created", "last error / waiting for"],
         [
             [
                 j.id,
@@ -180,7 +230,7 @@ def jobs_list(
                 j.state.value,
                 f"{j.attempts}/{j.max_attempts}",
                 short_time(j.created_at),
-                (j.last_error or "")[:60],
+                (f"waiting for {j.waiting_for}" if j.waiting_for else j.last_error or "")[:60],
             ]
             for j in jobs
         ],
@@ -191,27 +241,29 @@ def jobs_list(
 def jobs_cancel(
     job_id: str,
     by: Annotated[str, typer.Option(help="Who cancels it, for the audit log.")] = "operator",
+    with_children: Annotated[
+        bool, typer.Option("--children", help="Also cancel its unsettled children.")
+    ] = False,
 ) -> None:
-    """Stop a job that is queued or parked (a running job cannot be cancelled)."""
+    """Stop a job that is queued, waiting or parked (a running job cannot be cancelled)."""
     settings = load_settings()
 
-    async def go() -> bool:
+    async def go() -> list[str]:
         engine = create_engine(settings)
         try:
-            now = datetime.now(UTC)
-            async with transaction(engine) as conn:
-                done = await job_store.cancel(conn, job_id, now=now)
-                if done:
-                    await audit.record(
-                        conn, actor=by, action="cancel", target=job_id, details={}, now=now
-                    )
-            return done
+            return await children.cancel(engine, job_id, by=by, with_children=with_children)
         finally:
             await engine.dispose()
 
-    if not run(go(), settings):
-        fail(f"job {job_id} is not queued or parked (running, finished or unknown)", code=1)
+    cancelled = run(go(), settings)
+    if not cancelled:
+        fail(
+            f"job {job_id} is not queued, waiting or parked (running, finished or unknown)",
+            code=1,
+        )
     typer.echo(f"job {job_id} is now cancelled")
+    if len(cancelled) > 1:
+        typer.echo(f"{len(cancelled) - 1} of its children cancelled too")
 
 
 @app.command()

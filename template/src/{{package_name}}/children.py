@@ -1,0 +1,172 @@
+"""Child jobs: fan out with `ctx.spawn`, fan in with `ctx.wait_children` (template-owned).
+
+A child is an ordinary job with `parent_id` and a `child_key` unique per parent, so
+`spawn(agent, payload, key=...)` creates it at most once whatever happens to the parent: a
+re-run (after a crash, a retry or a wait) gets the same child back. `wait_children()` parks
+the parent `waiting` until every child has settled (completed, failed, dead-lettered,
+denied or cancelled), then returns each child's state, result and error by key; a child's
+failure is data for the parent, never an exception raised into it.
+
+The last child to settle queues its parent in the transaction that settles it (see
+`job_store._settle`); recovery's `resume_settled` catches a parent left waiting by a crash
+between the two, and `park` one whose children all settled while it was still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from . import audit, catalog, job_store
+from .agent import Agent
+from .db import transaction
+from .queue import JobQueue, Push, QueueUnavailable
+from .retry import InvalidPayload
+from .states import RUNNABLE, SETTLED, WAITING, JobState
+from .steps import check_name
+from .waiting import Wait
+
+log = structlog.get_logger("children")
+PAGE = 1000
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    """How one settled child ended."""
+
+    job_id: str
+    agent: str
+    state: str
+    result: dict[str, Any] | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == JobState.COMPLETED.value
+
+
+async def spawn(
+    engine: AsyncEngine,
+    queue: JobQueue | None,
+    *,
+    parent_id: str,
+    agents: Mapping[str, Agent],
+    agent: str,
+    payload: dict[str, Any],
+    key: str,
+) -> str:
+    """The id of the child of `parent_id` under `key`, created (and queued) the first time."""
+    check_name(key, "child key")
+    found = agents.get(agent)
+    if found is None:
+        raise InvalidPayload(f"cannot spawn unknown agent {agent!r}")
+    lane = found.config.lane
+    if not isinstance(payload, dict):
+        raise InvalidPayload("a child's payload must be a dict")
+    async with transaction(engine) as conn:
+        child_id, created = await job_store.enqueue_child(
+            conn,
+            parent_id=parent_id,
+            key=key,
+            agent=agent,
+            lane=lane,
+            payload=payload,
+            max_attempts=found.config.max_attempts or catalog.MAX_ATTEMPTS,
+            now=datetime.now(UTC),
+        )
+        state = None if created else (await job_store.get_job(conn, child_id))
+    # A child recorded by a run that died before pushing it is pushed now (arq refuses a
+    # second copy of a job it holds); recovery would push it too.
+    if queue is not None and (created or (state is not None and state.state in RUNNABLE)):
+        try:
+            await queue.push_many([Push(child_id, lane)])
+        except QueueUnavailable as exc:
+            log.warning("child_recorded_not_queued", job_id=child_id, error=str(exc))
+    if created:
+        log.info("child_spawned", job_id=child_id, parent_id=parent_id, key=key, agent=agent)
+    return child_id
+
+
+async def wait_children(engine: AsyncEngine, parent_id: str) -> dict[str, ChildOutcome]:
+    """Every child's outcome by key once all have settled; until then raise `Wait`."""
+    async with engine.connect() as conn:
+        if await job_store.unsettled_children(conn, parent_id):
+            raise Wait(job_store.CHILDREN)
+        children = await job_store.children_of(conn, parent_id)
+    return {
+        str(child.child_key): ChildOutcome(
+            job_id=child.id,
+            agent=child.agent,
+            state=child.state.value,
+            result=child.result,
+            error=None if child.state is JobState.COMPLETED else child.last_error,
+        )
+        for child in children
+    }
+
+
+async def resume_settled(engine: AsyncEngine, *, dry_run: bool = False) -> list[Push]:
+    """Recovery: queue every parent that still waits although all its children settled
+    (its last child's worker died between settling and queueing it); the jobs to push."""
+    pushes: list[Push] = []
+    after = ""
+    while True:
+        async with engine.connect() as conn:
+            page = await job_store.waiting_page(conn, after_id=after, limit=PAGE)
+            ready = [
+                (job_id, lane)
+                for job_id, lane, reason in page
+                if reason == job_store.CHILDREN
+                and not await job_store.unsettled_children(conn, job_id)
+            ]
+        if not page:
+            return pushes
+        after = page[-1][0]
+        for job_id, lane in ready:
+            if dry_run:
+                pushes.append(Push(job_id, lane))
+                continue
+            async with transaction(engine) as conn:
+                if await job_store.resume_if_children_settled(conn, job_id, now=datetime.now(UTC)):
+                    pushes.append(Push(job_id, lane))
+
+
+async def cancel(
+    engine: AsyncEngine, job_id: str, *, by: str, with_children: bool = False
+) -> list[str]:
+    """Cancel a queued, waiting or parked job (and, `with_children`, its unsettled children
+    that are not running), one audit row each; returns the ids cancelled, the job first.
+    An empty list: the job was running, finished or unknown, and nothing changed."""
+    now = datetime.now(UTC)
+    # Unsettled and not running: a running child cannot be cancelled (as for any job).
+    cancellable = (RUNNABLE | WAITING | {JobState.IN_DOUBT}) - SETTLED
+    async with transaction(engine) as conn:
+        if not await job_store.cancel(conn, job_id, now=now):
+            return []
+        cancelled = [job_id]
+        await audit.record(
+            conn,
+            actor=by,
+            action="cancel",
+            target=job_id,
+            details={"children": with_children},
+            now=now,
+        )
+        if with_children:
+            for child in await job_store.children_of(conn, job_id):
+                if child.state in cancellable and await job_store.cancel(conn, child.id, now=now):
+                    cancelled.append(child.id)
+                    await audit.record(
+                        conn,
+                        actor=by,
+                        action="cancel",
+                        target=child.id,
+                        details={"parent_id": job_id},
+                        now=now,
+                    )
+    return cancelled

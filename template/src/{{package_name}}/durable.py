@@ -1,0 +1,57 @@
+"""What `ctx.step`, `ctx.approval`, `ctx.spawn` and `ctx.wait_children` use for one run of
+one job (template-owned: copier-agent-worker).
+
+Each method is a memoized, recorded piece of the job (DESIGN §11), so a job may re-run from
+the top at any time (a retry, a crash, a resume after `waiting`) without repeating work:
+steps come back from `steps`, decisions from `approvals`, children from `jobs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from . import approvals, children
+from .approvals import Decision
+from .children import ChildOutcome
+from .queue import JobQueue
+from .steps import Steps
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+
+@dataclass
+class Durable:
+    """The durable pieces of one run of one job."""
+
+    engine: AsyncEngine
+    job_id: str
+    attempt: int
+    agents: Mapping[str, Agent]
+    queue: JobQueue | None = None
+
+    async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        return await Steps(self.engine, self.job_id, self.attempt).run(name, fn)
+
+    async def approval(self, name: str, *, summary: str, timeout_s: float | None) -> Decision:
+        return await approvals.request(
+            self.engine, self.job_id, name, summary=summary, timeout_s=timeout_s
+        )
+
+    async def spawn(self, agent: str, payload: dict[str, Any], *, key: str) -> str:
+        return await children.spawn(
+            self.engine,
+            self.queue,
+            parent_id=self.job_id,
+            agents=self.agents,
+            agent=agent,
+            payload=payload,
+            key=key,
+        )
+
+    async def wait_children(self) -> dict[str, ChildOutcome]:
+        return await children.wait_children(self.engine, self.job_id)
