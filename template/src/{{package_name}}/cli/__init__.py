@@ -7,12 +7,12 @@ a service that cannot be reached is one line and exit code 1. Never a traceback.
 
 from __future__ import annotations
 
-from . import db, dlq, jobs, run, spend, status
+from . import audit, db, dlq, jobs, run, spend, status, tokens
 from .app import app
 
 __all__ = ["app", "main"]
 # The command groups register themselves on `app` when imported.
-_GROUPS = (db, dlq, jobs, run, spend, status)
+_GROUPS = (audit, db, dlq, jobs, run, spend, status, tokens)
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import audit, job_store, paid_calls
-from ..db import create_engine, transaction
+from .. import actions, job_store, paid_calls
+from ..db import create_engine
 from ..states import PARKED, TERMINAL
 from ..submit import Submitter
 from .app import app
@@ -198,14 +198,7 @@ def jobs_cancel(
     async def go() -> bool:
         engine = create_engine(settings)
         try:
-            now = datetime.now(UTC)
-            async with transaction(engine) as conn:
-                done = await job_store.cancel(conn, job_id, now=now)
-                if done:
-                    await audit.record(
-                        conn, actor=by, action="cancel", target=job_id, details={}, now=now
-                    )
-            return done
+            return await actions.cancel(engine, job_id, actor=by)
         finally:
             await engine.dispose()
 
