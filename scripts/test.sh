@@ -2,7 +2,8 @@
 # The one test command (`make test`). Usage: bash scripts/test.sh [pytest args...]
 #
 # 1. creates .venv and installs requirements-dev.txt (skipped when unchanged),
-# 2. makes sure redis-server is on PATH (tests start their own on free ports),
+# 2. makes sure redis-server is on PATH (tests start their own on free ports) and Debian's
+#    chromium is installed (the rendered console's browser tests),
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
 # 4. runs `.venv/bin/python -m pytest tests "$@"` from the repo root; exits with pytest's code.
 #
@@ -21,6 +22,7 @@ cd "$ROOT"
 
 ensure_venv
 ensure_redis_server
+ensure_chromium
 export TEST_REDIS_SERVER
 TEST_REDIS_SERVER="$(command -v redis-server)"
 start_postgres

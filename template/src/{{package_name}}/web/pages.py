@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -32,6 +33,19 @@ TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
+
+
+def usd(value: Decimal) -> str:
+    """Dollars as text with at least two decimals, never in exponent form.
+
+    >>> usd(Decimal("6E+1")), usd(Decimal("0.125")), usd(Decimal(0))
+    ('$60.00', '$0.125', '$0.00')
+    """
+    whole, _, cents = format(value, "f").partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
+TEMPLATES.filters["usd"] = usd
 PAGE_SIZE = 50
 CHART_BUCKETS = 12  # five-minute bars over the last hour
 
