@@ -458,8 +458,13 @@ def _back(path: str, message: str) -> Response:
     return RedirectResponse(f"{path}?{urlencode({'message': message})}", status_code=303)
 
 
+async def favicon(request: Request) -> Response:
+    return Response(status_code=204)
+
+
 def routes() -> list[BaseRoute]:
     return [
+        Route("/favicon.ico", favicon, methods=["GET"]),
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
