@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 import typer
 from pydantic import ValidationError
 
-from .. import catalog, dlq, job_store, replies, spend
+from .. import catalog
+from .. import stats as service
 from ..db import create_engine
 from ..queue import JobQueue
 from ..settings import Settings
-from ..states import JobState
 from .app import app
 from .support import JsonFlag, load_settings, run, table
 
@@ -50,41 +49,12 @@ def stats(as_json: JsonFlag = False) -> None:
         queue = await JobQueue.connect(settings, conn_retries=0)
         try:
             async with engine.connect() as conn:
-                by_state = await job_store.count_by_state(conn)
-                oldest = await job_store.oldest_queued(conn)
-                causes = await dlq.causes(conn)
-                caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
-                unsent = await replies.unsent(conn)
-            depth = {lane: await queue.depth(lane) for lane in catalog.LANES}
+                found = await service.read_service_stats(conn)
+            depths = await service.lane_depths(queue, catalog.LANES)
         finally:
             await queue.close()
             await engine.dispose()
-        now = datetime.now(UTC)
-        return {
-            "jobs_by_state": {s.value: by_state.get(s.value, 0) for s in JobState},
-            "lanes": {
-                lane: {
-                    "redis_depth": depth[lane],
-                    "oldest_queued_age_s": round((now - oldest[lane]).total_seconds(), 1)
-                    if lane in oldest
-                    else None,
-                }
-                for lane in catalog.LANES
-            },
-            "parked_by_cause": [
-                {"cause_id": g.cause_id, "count": g.count, "cause": g.cause} for g in causes
-            ],
-            "spend_today": [
-                {
-                    "agent": c.agent,
-                    "cap_usd": str(c.cap_usd),
-                    "spent_usd": str(c.spent_usd),
-                    "reserved_usd": str(c.reserved_usd),
-                }
-                for c in caps
-            ],
-            "unsent_replies": unsent,
-        }
+        return service.as_json(found, depths, catalog.LANES)
 
     out = run(go(), settings)
     if as_json:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,6 +26,9 @@ from ..submit import RecordedNotQueued, SubmitError
 from ..tokens import Principal, Role
 from .auth import bearer_principal, require
 from .openapi import OPENAPI
+
+if TYPE_CHECKING:
+    from .app import Services
 
 MAX_LIST = 500
 JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority")
@@ -40,7 +44,7 @@ class ApiError(Exception):
         self.message = message
 
 
-Handler = Callable[[Request, Any, Principal], Awaitable[Response]]
+Handler = Callable[[Request, "Services", Principal], Awaitable[Response]]
 
 
 def endpoint(role: Role) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
@@ -63,7 +67,7 @@ def endpoint(role: Role) -> Callable[[Handler], Callable[[Request], Awaitable[Re
 
 
 @endpoint(Role.OPERATOR)
-async def submit_job(request: Request, services: Any, principal: Principal) -> Response:
+async def submit_job(request: Request, services: Services, principal: Principal) -> Response:
     """Record a job and queue it: 201 with its id and state."""
     body = await _json_object(request, JOB_FIELDS)
     agent = body.get("agent")
@@ -99,7 +103,7 @@ async def submit_job(request: Request, services: Any, principal: Principal) -> R
 
 
 @endpoint(Role.VIEWER)
-async def get_job(request: Request, services: Any, principal: Principal) -> Response:
+async def get_job(request: Request, services: Services, principal: Principal) -> Response:
     """One job with its attempts, paid calls and audit entries."""
     job_id = request.path_params["job_id"]
     async with services.engine.connect() as conn:
@@ -116,7 +120,7 @@ async def get_job(request: Request, services: Any, principal: Principal) -> Resp
 
 
 @endpoint(Role.VIEWER)
-async def list_jobs(request: Request, services: Any, principal: Principal) -> Response:
+async def list_jobs(request: Request, services: Services, principal: Principal) -> Response:
     """Jobs newest first; `before` (a job id) pages on from the last one seen."""
     query = request.query_params
     unknown = set(query) - {"state", "agent", "owner", "limit", "before"}
@@ -138,7 +142,7 @@ async def list_jobs(request: Request, services: Any, principal: Principal) -> Re
 
 
 @endpoint(Role.OPERATOR)
-async def cancel_job(request: Request, services: Any, principal: Principal) -> Response:
+async def cancel_job(request: Request, services: Services, principal: Principal) -> Response:
     """Cancel a queued or parked job (audited with the token's name)."""
     job_id = request.path_params["job_id"]
     await _json_object(request, (), empty_ok=True)
@@ -148,7 +152,7 @@ async def cancel_job(request: Request, services: Any, principal: Principal) -> R
 
 
 @endpoint(Role.OPERATOR)
-async def resolve_job(request: Request, services: Any, principal: Principal) -> Response:
+async def resolve_job(request: Request, services: Services, principal: Principal) -> Response:
     """Settle an in_doubt job: outcome completed, failed or retry, with a note."""
     job_id = request.path_params["job_id"]
     body = await _json_object(request, ("outcome", "note"))
@@ -177,7 +181,7 @@ async def resolve_job(request: Request, services: Any, principal: Principal) -> 
 
 
 @endpoint(Role.VIEWER)
-async def dlq_causes(request: Request, services: Any, principal: Principal) -> Response:
+async def dlq_causes(request: Request, services: Services, principal: Principal) -> Response:
     """Parked jobs grouped by cause, largest group first."""
     async with services.engine.connect() as conn:
         groups = await dlq.causes(conn)
@@ -185,7 +189,7 @@ async def dlq_causes(request: Request, services: Any, principal: Principal) -> R
 
 
 @endpoint(Role.OPERATOR)
-async def dlq_replay(request: Request, services: Any, principal: Principal) -> Response:
+async def dlq_replay(request: Request, services: Services, principal: Principal) -> Response:
     """Replay parked jobs by cause (with a limit) or by id; the approver is the token."""
     body = await _json_object(request, REPLAY_FIELDS)
     request_ = parse_replay(body)
@@ -247,7 +251,7 @@ def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @endpoint(Role.VIEWER)
-async def get_stats(request: Request, services: Any, principal: Principal) -> Response:
+async def get_stats(request: Request, services: Services, principal: Principal) -> Response:
     """What `stats --json` prints: counts by state, lanes, parked causes, spend, replies."""
     async with services.engine.connect() as conn:
         service = await stats.read_service_stats(conn)
@@ -263,17 +267,15 @@ async def get_stats(request: Request, services: Any, principal: Principal) -> Re
 
 
 @endpoint(Role.VIEWER)
-async def get_caps(request: Request, services: Any, principal: Principal) -> Response:
+async def get_caps(request: Request, services: Services, principal: Principal) -> Response:
     """Every daily cap with today's (UTC) use."""
-    from datetime import UTC, datetime
-
     async with services.engine.connect() as conn:
         caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
     return JSONResponse([_plain(c.__dict__) for c in caps])
 
 
 @endpoint(Role.ADMIN)
-async def set_cap(request: Request, services: Any, principal: Principal) -> Response:
+async def set_cap(request: Request, services: Services, principal: Principal) -> Response:
     """Change a daily cap (admin; audited with the token's name as the approver)."""
     body = await _json_object(request, ("agent", "usd", "reason"))
     agent, amount = parse_cap(body)
@@ -309,7 +311,7 @@ def parse_cap(body: dict[str, Any]) -> tuple[str, Decimal]:
 
 
 @endpoint(Role.VIEWER)
-async def list_audit(request: Request, services: Any, principal: Principal) -> Response:
+async def list_audit(request: Request, services: Services, principal: Principal) -> Response:
     """The newest audit entries, newest first."""
     limit = parse_limit(request.query_params.get("limit"), MAX_LIST)
     async with services.engine.connect() as conn:
@@ -400,7 +402,7 @@ def _optional_str(body: dict[str, Any], name: str, most: int) -> str | None:
     return value
 
 
-async def _conflict_or_missing(services: Any, job_id: str, conflict: str) -> None:
+async def _conflict_or_missing(services: Services, job_id: str, conflict: str) -> None:
     async with services.engine.connect() as conn:
         job = await job_store.get_job(conn, job_id)
     if job is None:

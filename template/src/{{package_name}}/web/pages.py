@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -27,6 +27,7 @@ from ..models import GLOBAL, jobs
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, JobState
 from ..tokens import Principal, Role, authenticate
+from .api import ApiError, parse_cap
 from .auth import SESSION_COOKIE, Denied, Session, Sessions, check_csrf, session_principal
 
 TEMPLATES = Environment(
@@ -49,7 +50,10 @@ TEMPLATES.filters["usd"] = usd
 PAGE_SIZE = 50
 CHART_BUCKETS = 12  # five-minute bars over the last hour
 
-View = Callable[[Request, Any, Principal, Session], Awaitable[Response]]
+if TYPE_CHECKING:
+    from .app import Services
+
+View = Callable[[Request, "Services", Principal, Session], Awaitable[Response]]
 
 
 def page(role: Role) -> Callable[[View], Callable[[Request], Awaitable[Response]]]:
@@ -139,7 +143,7 @@ async def login(request: Request) -> Response:
 
 @page(Role.VIEWER)
 async def logout(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
@@ -158,7 +162,7 @@ def _safe_next(target: str | None) -> str:
 
 @page(Role.VIEWER)
 async def overview(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     context = await _overview(services)
     return render(request, "overview.html", principal=principal, session=session, **context)
@@ -166,14 +170,14 @@ async def overview(
 
 @page(Role.VIEWER)
 async def overview_counts(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     """The live part of the overview, polled by htmx."""
     context = await _overview(services)
     return render(request, "_counts.html", principal=principal, session=session, **context)
 
 
-async def _overview(services: Any) -> dict[str, Any]:
+async def _overview(services: Services) -> dict[str, Any]:
     now = datetime.now(UTC)
     async with services.engine.connect() as conn:
         by_state = await job_store.count_by_state(conn)
@@ -243,7 +247,7 @@ def _chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
 
 @page(Role.VIEWER)
 async def jobs_page(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     query = request.query_params
     filters = {k: query.get(k, "") for k in ("state", "agent", "owner", "since")}
@@ -295,7 +299,7 @@ async def jobs_page(
 
 @page(Role.VIEWER)
 async def job_page(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     job_id = request.path_params["job_id"]
     async with services.engine.connect() as conn:
@@ -322,7 +326,7 @@ async def job_page(
 
 @page(Role.OPERATOR)
 async def cancel_job(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     job_id = request.path_params["job_id"]
     done = await actions.cancel(services.engine, job_id, actor=principal.name)
@@ -332,7 +336,7 @@ async def cancel_job(
 
 @page(Role.OPERATOR)
 async def resolve_job(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     job_id = request.path_params["job_id"]
     form = await request.form()
@@ -358,7 +362,7 @@ async def resolve_job(
 
 @page(Role.VIEWER)
 async def dlq_page(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     async with services.engine.connect() as conn:
         groups = await dlq.causes(conn)
@@ -376,7 +380,7 @@ async def dlq_page(
 
 @page(Role.OPERATOR)
 async def dlq_replay(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     """Replay up to `limit` jobs of one cause, approved by the session's token."""
     form = await request.form()
@@ -408,7 +412,7 @@ async def dlq_replay(
 
 @page(Role.VIEWER)
 async def caps_page(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     async with services.engine.connect() as conn:
         caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
@@ -425,10 +429,8 @@ async def caps_page(
 
 @page(Role.ADMIN)
 async def set_cap(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
-    from .api import ApiError, parse_cap
-
     form = await request.form()
     try:
         agent, amount = parse_cap({"agent": form.get("agent"), "usd": str(form.get("usd") or "")})
@@ -446,7 +448,7 @@ async def set_cap(
 
 @page(Role.VIEWER)
 async def audit_page(
-    request: Request, services: Any, principal: Principal, session: Session
+    request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
     async with services.engine.connect() as conn:
         entries = await audit.recent(conn, limit=200)
