@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .app import Services
 
 MAX_LIST = 500
+BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
 JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
 
@@ -371,7 +372,7 @@ def parse_limit(text: str | None, most: int) -> int:
 async def _json_object(
     request: Request, fields: tuple[str, ...], *, empty_ok: bool = False
 ) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await _read_body(request)
     if empty_ok and not raw.strip():
         return {}
     try:
@@ -391,6 +392,22 @@ async def _json_object(
             400, f"unknown field {sorted(unknown)[0]!r}; fields: {', '.join(fields) or 'none'}"
         )
     return body
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (413) unread past the payload limit plus room for the other fields."""
+    limit = request.app.state.services.settings.max_payload_bytes + BODY_SLACK
+    too_large = ApiError(413, f"the request body is over {limit} bytes; send a smaller payload")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _optional_str(body: dict[str, Any], name: str, most: int) -> str | None:
