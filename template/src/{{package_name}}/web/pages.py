@@ -9,6 +9,7 @@ and nothing is marked safe.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -46,7 +47,26 @@ def usd(value: Decimal) -> str:
     return f"${whole}.{cents.ljust(2, '0')}"
 
 
-TEMPLATES.filters["usd"] = usd
+def as_json(value: Any, indent: int | None = None) -> str:
+    """Job data as JSON text; autoescape then makes it safe (unlike Jinja's `tojson`, which
+    escapes `<` as `\\u003c` and would show that to the reader).
+
+    >>> as_json({"error": "<b>"})
+    '{"error": "<b>"}'
+    """
+    return json.dumps(value, indent=indent, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def when(value: datetime | None) -> str:
+    """A UTC time to the second, or nothing.
+
+    >>> when(datetime(2026, 1, 31, 9, 5, 7, 123, tzinfo=UTC))
+    '2026-01-31 09:05:07Z'
+    """
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+TEMPLATES.filters.update(usd=usd, as_json=as_json, when=when)
 PAGE_SIZE = 50
 CHART_BUCKETS = 12  # five-minute bars over the last hour
 
