@@ -7,6 +7,9 @@
 #   ensure_prometheus     make `prometheus` and `promtool` available on PATH (apt-get installs
 #                         Debian's prometheus package when missing and we are root). Starts
 #                         nothing: the tests start their own Prometheus on a free port.
+#   ensure_chromium       make /usr/bin/chromium available for the console's browser tests
+#                         (apt-get installs Debian's `chromium` when missing and we are root;
+#                         Playwright drives it and never downloads a browser of its own).
 #   start_postgres        throwaway PostgreSQL cluster in a temp dir, run as an unprivileged
 #                         user, on a free 127.0.0.1 port; exports TEST_DATABASE_URL (superuser,
 #                         can CREATE DATABASE) plus TEST_PG_HOST/TEST_PG_PORT/TEST_PG_BINDIR.
@@ -135,6 +138,19 @@ ensure_prometheus() {
     kill "$pid" 2>/dev/null || true
   done
   command -v promtool >/dev/null 2>&1 || _svc_die "promtool still not on PATH after apt-get install"
+}
+
+# ---- chromium (the rendered console's browser tests) -----------------------------------------
+ensure_chromium() {
+  if [ -x /usr/bin/chromium ]; then
+    return 0
+  fi
+  if ! _svc_is_root; then
+    echo "error: /usr/bin/chromium not found; install it (e.g. sudo apt-get install -y chromium) and re-run" >&2
+    exit 1
+  fi
+  _svc_apt_install chromium
+  [ -x /usr/bin/chromium ] || _svc_die "/usr/bin/chromium still missing after apt-get install"
 }
 
 # ---- PostgreSQL -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #
 # 1. creates .venv and installs requirements-dev.txt (skipped when unchanged),
 # 2. makes sure redis-server, prometheus and promtool are on PATH (tests start their own),
+#    and that Debian's chromium is installed (the rendered console's browser tests),
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
 # 4. runs `.venv/bin/python -m pytest tests "$@"` from the repo root; exits with pytest's code.
 #
@@ -21,6 +22,7 @@ cd "$ROOT"
 
 ensure_venv
 ensure_redis_server
+ensure_chromium
 export TEST_REDIS_SERVER
 TEST_REDIS_SERVER="$(command -v redis-server)"
 ensure_prometheus

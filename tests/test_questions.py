@@ -89,7 +89,7 @@ def test_rendering_again_from_the_recorded_answers_gives_the_same_files(
         for path in sorted(first.rglob("*")):
             if path.is_file() and path.name != ".copier-answers.yml":
                 relative = path.relative_to(first)
-                assert (again / relative).read_text() == path.read_text(), (
+                assert (again / relative).read_bytes() == path.read_bytes(), (
                     f"{example.name}: {relative}"
                 )
 

@@ -22,6 +22,15 @@ class AuditEntry:
     target: str
     details: dict[str, Any]
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "details": self.details,
+        }
+
 
 async def record(
     conn: AsyncConnection,
@@ -47,6 +56,32 @@ async def entries(conn: AsyncConnection, *, target: str | None = None) -> list[A
         audit_log.c.target,
         audit_log.c.details,
     ).order_by(audit_log.c.id)
+    if target is not None:
+        stmt = stmt.where(audit_log.c.target == target)
+    return [AuditEntry(**row._mapping) for row in await conn.execute(stmt)]
+
+
+async def recent(
+    conn: AsyncConnection,
+    *,
+    limit: int = 50,
+    actor: str | None = None,
+    target: str | None = None,
+) -> list[AuditEntry]:
+    """The newest `limit` entries, newest first, optionally of one actor or one target."""
+    stmt = (
+        select(
+            audit_log.c.at,
+            audit_log.c.actor,
+            audit_log.c.action,
+            audit_log.c.target,
+            audit_log.c.details,
+        )
+        .order_by(audit_log.c.id.desc())
+        .limit(limit)
+    )
+    if actor is not None:
+        stmt = stmt.where(audit_log.c.actor == actor)
     if target is not None:
         stmt = stmt.where(audit_log.c.target == target)
     return [AuditEntry(**row._mapping) for row in await conn.execute(stmt)]

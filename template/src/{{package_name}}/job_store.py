@@ -526,14 +526,27 @@ async def list_jobs(
     *,
     state: JobState | None = None,
     agent: str | None = None,
+    owner: str | None = None,
+    since: datetime | None = None,
+    before: str | None = None,
     limit: int = 50,
 ) -> list[Job]:
-    """Newest first."""
-    stmt = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id).limit(limit)
+    """Newest first, created at or after `since`; `before` (a job id) pages on after that
+    job (keyset paging)."""
+    stmt = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit)
     if state is not None:
         stmt = stmt.where(jobs.c.state == state.value)
     if agent is not None:
         stmt = stmt.where(jobs.c.agent == agent)
+    if owner is not None:
+        stmt = stmt.where(jobs.c.owner == owner)
+    if since is not None:
+        stmt = stmt.where(jobs.c.created_at >= since)
+    if before is not None:
+        mark = select(jobs.c.created_at).where(jobs.c.id == before).scalar_subquery()
+        stmt = stmt.where(
+            or_(jobs.c.created_at < mark, and_(jobs.c.created_at == mark, jobs.c.id < before))
+        )
     return [Job.from_row(row) for row in await conn.execute(stmt)]
 
 

@@ -210,3 +210,17 @@ approvals = Table(
     UniqueConstraint("job_id", "name"),
     Index(None, "state"),
 )
+
+# Bearer tokens of the HTTP API and the web console (web/): only a SHA-256 hash of each token
+# is kept. A revoked token keeps its row (revoked_at) so the audit log's names stay unique.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("role", String(20), nullable=False),  # viewer / operator / admin
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(200), nullable=False),
+    Column("revoked_at", UTCDateTime()),
+    Column("revoked_by", String(200)),
+)

@@ -8,10 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import audit, catalog, dlq, job_store, paid_calls
+from .. import actions, audit, dlq, job_store, paid_calls
 from ..db import create_engine
-from ..queue import JobQueue, Push, QueueUnavailable
-from ..settings import Settings
 from ..states import PARKED, JobState
 from .app import app
 from .support import (
@@ -160,35 +158,31 @@ def dlq_replay(
         fail("--cause needs --limit N (how many jobs to replay at most)")
     settings = load_settings()
 
-    async def go() -> tuple[dlq.ReplayPlan, list[str]]:
+    async def go() -> actions.ReplayOutcome:
         engine = create_engine(settings)
         try:
-            async with engine.connect() as conn:
-                plan = await dlq.plan_replay(
-                    conn, job_ids=job_ids or [], cause=cause, limit=limit, allow_spent=allow_spent
-                )
-            if dry_run or not plan.replay:
-                return plan, []
-            replayed: list[str] = []
-            with progress(len(plan.replay), "replaying") as advance:
-                for job in plan.replay:
-                    replayed += await dlq.replay(
-                        engine,
-                        [job],
-                        budget=_budget(job.agent),
-                        approved_by=approved_by,
-                        reason=reason,
-                    )
-                    advance(1)
-            await _push_replayed(settings, engine, replayed)
-            return plan, replayed
+            return await actions.replay(
+                settings,
+                engine,
+                job_ids=job_ids or [],
+                cause=cause,
+                limit=limit,
+                approved_by=approved_by,
+                reason=reason,
+                allow_spent=allow_spent,
+                dry_run=dry_run,
+                progress=lambda total: progress(total, "replaying"),
+            )
         finally:
             await engine.dispose()
 
     try:
-        plan, replayed = run(go(), settings)
+        outcome = run(go(), settings)
     except dlq.ReplayRefused as exc:
         fail(str(exc))
+    plan, replayed = outcome.plan, outcome.replayed
+    if outcome.push_warning:
+        typer.echo(f"warning: {outcome.push_warning}", err=True)
     chosen = [job.id for job in plan.replay] if dry_run else replayed
     if as_json:
         skipped = [{"id": job_id, "reason": why} for job_id, why in plan.skipped]
@@ -219,15 +213,9 @@ def dlq_resolve(
     async def go() -> JobState:
         engine = create_engine(settings)
         try:
-            async with engine.connect() as conn:
-                job = await job_store.get_job(conn, job_id)
-            budget = _budget(job.agent) if job is not None else 1
-            state = await dlq.resolve(
-                engine, job_id, outcome=outcome, approved_by=approved_by, note=note, budget=budget
+            return await actions.resolve(
+                settings, engine, job_id, outcome=outcome, approved_by=approved_by, note=note
             )
-            if state is JobState.QUEUED:
-                await _push_replayed(settings, engine, [job_id])
-            return state
         finally:
             await engine.dispose()
 
@@ -236,28 +224,3 @@ def dlq_resolve(
     except dlq.ReplayRefused as exc:
         fail(str(exc))
     typer.echo(f"job {job_id} is now {state.value}")
-
-
-def _budget(agent: str) -> int:
-    """A replay's fresh attempts: the agent's own limit, else the answered default."""
-    config = catalog.AGENTS.get(agent)
-    return (config.max_attempts if config else None) or catalog.MAX_ATTEMPTS
-
-
-async def _push_replayed(settings: Settings, engine: Any, job_ids: list[str]) -> None:
-    """Queue replayed jobs now; if Redis is down they stay queued and recovery pushes them."""
-    if not job_ids:
-        return
-    async with engine.connect() as conn:
-        jobs = [await job_store.get_job(conn, job_id) for job_id in job_ids]
-    try:
-        queue = await JobQueue.connect(settings, conn_retries=0)
-    except QueueUnavailable as exc:
-        typer.echo(
-            f"warning: {exc}; the replayed jobs stay queued until recovery pushes them", err=True
-        )
-        return
-    try:
-        await queue.push_many([Push(job.id, job.lane) for job in jobs if job is not None])
-    finally:
-        await queue.close()

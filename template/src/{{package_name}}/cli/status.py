@@ -10,11 +10,10 @@ import typer
 from pydantic import ValidationError
 
 from .. import catalog
+from .. import stats as service
 from ..db import create_engine
 from ..queue import JobQueue
 from ..settings import ENV_PREFIX, Settings
-from ..stats import as_json as stats_json
-from ..stats import lane_depths, read_service_stats
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
 
@@ -66,12 +65,12 @@ def stats(as_json: JsonFlag = False) -> None:
         queue = await JobQueue.connect(settings, conn_retries=0)
         try:
             async with engine.connect() as conn:
-                now = await read_service_stats(conn)
-            depths = await lane_depths(queue, catalog.LANES)
+                found = await service.read_service_stats(conn)
+            depths = await service.lane_depths(queue, catalog.LANES)
         finally:
             await queue.close()
             await engine.dispose()
-        return stats_json(now, depths, catalog.LANES)
+        return service.as_json(found, depths, catalog.LANES)
 
     out = run(go(), settings)
     if as_json:

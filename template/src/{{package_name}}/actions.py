@@ -1,0 +1,127 @@
+"""Operator actions, one implementation for the CLI, the HTTP API and the web console:
+cancel a job, replay parked jobs, resolve an in-doubt job (template-owned: copier-agent-worker).
+
+Each caller only reads its input and shows the outcome; the rules (an approver, a limit with
+a cause, never a possibly-spent job without the explicit override) and the audit rows live
+here and in `dlq.py`. The actor is whoever the caller authenticated: a name given on the
+command line, or the name of the API token or console session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from . import audit, catalog, children, dlq, job_store
+from .db import transaction
+from .queue import JobQueue, Push, QueueUnavailable
+from .settings import Settings
+from .states import JobState
+
+
+@dataclass
+class ReplayOutcome:
+    """What a replay did: the plan, the ids put back, and a warning when Redis was down."""
+
+    plan: dlq.ReplayPlan
+    replayed: list[str] = field(default_factory=list)
+    push_warning: str | None = None
+
+
+async def cancel(
+    engine: AsyncEngine, job_id: str, *, actor: str, with_children: bool = False
+) -> list[str]:
+    """Cancel a queued, waiting or parked job (and, `with_children`, its unsettled children
+    that are not running), one audit row each; returns the ids cancelled, the job first, or
+    an empty list when it was not cancellable (running, finished or unknown)."""
+    return await children.cancel(engine, job_id, by=actor, with_children=with_children)
+
+
+async def replay(
+    settings: Settings,
+    engine: AsyncEngine,
+    *,
+    job_ids: Sequence[str] = (),
+    cause: str | None = None,
+    limit: int | None = None,
+    approved_by: str,
+    reason: str | None,
+    allow_spent: bool = False,
+    dry_run: bool = False,
+    progress: Callable[[int], AbstractContextManager[Callable[[int], None]]] | None = None,
+) -> ReplayOutcome:
+    """Plan a replay (by ids, or by cause with a limit), then put the chosen jobs back to
+    `queued`, one audited transaction each, and push them; `progress(total)` may show a
+    bar. Raises dlq.ReplayRefused for a
+    request that breaks a rule (nothing changed)."""
+    if not approved_by:
+        raise dlq.ReplayRefused("a replay needs an approver (who approved running these again)")
+    async with engine.connect() as conn:
+        plan = await dlq.plan_replay(
+            conn, job_ids=job_ids, cause=cause, limit=limit, allow_spent=allow_spent
+        )
+    outcome = ReplayOutcome(plan)
+    if dry_run:
+        return outcome
+    bar = progress(len(plan.replay)) if progress else nullcontext(lambda _n: None)
+    with bar as advance:
+        for job in plan.replay:
+            outcome.replayed += await dlq.replay(
+                engine, [job], budget=budget(job.agent), approved_by=approved_by, reason=reason
+            )
+            advance(1)
+    outcome.push_warning = await push(settings, engine, outcome.replayed)
+    return outcome
+
+
+async def resolve(
+    settings: Settings,
+    engine: AsyncEngine,
+    job_id: str,
+    *,
+    outcome: str,
+    approved_by: str,
+    note: str,
+) -> JobState:
+    """Settle an `in_doubt` job as completed, failed or retry (audited); a retry is pushed."""
+    async with engine.connect() as conn:
+        job = await job_store.get_job(conn, job_id)
+    state = await dlq.resolve(
+        engine,
+        job_id,
+        outcome=outcome,
+        approved_by=approved_by,
+        note=note,
+        budget=budget(job.agent) if job is not None else 1,
+    )
+    if state is JobState.QUEUED:
+        await push(settings, engine, [job_id])
+    return state
+
+
+def budget(agent: str) -> int:
+    """A replay's fresh attempts: the agent's own limit, else the answered default."""
+    config = catalog.AGENTS.get(agent)
+    return (config.max_attempts if config else None) or catalog.MAX_ATTEMPTS
+
+
+async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) -> str | None:
+    """Queue re-queued jobs now; when Redis is down they stay queued for recovery to push,
+    and the returned warning says so."""
+    if not job_ids:
+        return None
+    async with engine.connect() as conn:
+        found = [await job_store.get_job(conn, job_id) for job_id in job_ids]
+    try:
+        queue = await JobQueue.connect(settings, conn_retries=0)
+    except QueueUnavailable as exc:
+        return f"{exc}; the jobs stay queued until recovery pushes them"
+    try:
+        await queue.push_many([Push(job.id, job.lane) for job in found if job is not None])
+    finally:
+        await queue.close()
+    return None

@@ -1,0 +1,56 @@
+"""`web`: serve the HTTP API and the web console (template-owned: copier-agent-worker)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from ..settings import SettingsError
+from .app import app
+from .support import fail, load_settings
+
+
+@app.command()
+def web(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; 127.0.0.1 keeps it on this machine.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    proxy_headers: Annotated[
+        bool,
+        typer.Option(
+            help="Trust X-Forwarded-Proto/For from --forwarded-allow-ips (behind an HTTPS proxy)."
+        ),
+    ] = False,
+    forwarded_allow_ips: Annotated[
+        str, typer.Option(help="Proxy addresses whose forwarded headers are trusted.")
+    ] = "127.0.0.1",
+) -> None:
+    """Serve the JSON API (/api/, bearer tokens) and the console (/, a login with a token)."""
+    import uvicorn
+
+    from ..web.app import SECRET_VAR, WebSettings, create_app, web_secret
+
+    settings = load_settings()
+    try:
+        secret, made_up = web_secret(settings, WebSettings())
+    except (SettingsError, ValidationError) as exc:
+        fail(str(exc).splitlines()[0])
+    if made_up:
+        typer.echo(
+            "dev: made up a web secret for this run (console sessions end when it stops); "
+            f"set {SECRET_VAR} to keep them",
+            err=True,
+        )
+    typer.echo(f"serving the API and the console on http://{host}:{port}/", err=True)
+    uvicorn.run(
+        create_app(settings, secret),
+        host=host,
+        port=port,
+        proxy_headers=proxy_headers,
+        forwarded_allow_ips=forwarded_allow_ips,
+        log_level="info",
+        server_header=False,
+    )

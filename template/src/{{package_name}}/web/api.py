@@ -1,0 +1,439 @@
+"""The JSON API under /api/: bearer tokens only, the same functions as the CLI
+(template-owned: copier-agent-worker).
+
+Errors are `{"error": "<one sentence>"}`: 400 bad input (nothing written), 401 no valid
+token, 403 a role that may not, 404 no such job, 409 a state conflict. The document at
+/api/openapi.json describes every route (a test holds the two together).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend, stats
+from ..models import GLOBAL
+from ..queue import JobQueue, QueueUnavailable
+from ..states import JobState
+from ..submit import RecordedNotQueued, SubmitError
+from ..tokens import Principal, Role
+from .auth import bearer_principal, require
+from .openapi import OPENAPI
+
+if TYPE_CHECKING:
+    from .app import Services
+
+MAX_LIST = 500
+BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
+JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority")
+REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
+
+
+class ApiError(Exception):
+    """A refused request: its HTTP status and one sentence saying what to do."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+Handler = Callable[[Request, "Services", Principal], Awaitable[Response]]
+
+
+def endpoint(role: Role) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
+    """Authenticate the bearer token and check `role` before the handler runs."""
+
+    def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            services = request.app.state.services
+            principal = await bearer_principal(request, services.engine)
+            require(principal, role)
+            return await handler(request, services, principal)
+
+        run.__doc__ = handler.__doc__
+        return run
+
+    return wrap
+
+
+# Jobs ------------------------------------------------------------------------------------
+
+
+@endpoint(Role.OPERATOR)
+async def submit_job(request: Request, services: Services, principal: Principal) -> Response:
+    """Record a job and queue it: 201 with its id and state."""
+    body = await _json_object(request, JOB_FIELDS)
+    agent = body.get("agent")
+    if not isinstance(agent, str):
+        raise ApiError(400, 'give "agent", the name of an agent, as a string')
+    if "payload" not in body:
+        raise ApiError(400, 'give "payload", a JSON object, e.g. {"text": "hello"}')
+    owner = _optional_str(body, "owner", 200)
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= 200:
+        raise ApiError(400, "the Idempotency-Key header must be 1 to 200 characters")
+    # Seam for flow control (delays and priority): until the submitter takes them, a value
+    # is refused rather than silently dropped.
+    for name in ("delay_s", "priority"):
+        if body.get(name) is not None:
+            raise ApiError(400, f'"{name}" is not supported by this service yet; leave it out')
+    warning = None
+    try:
+        job_id = await services.submitter.submit(
+            agent, body["payload"], owner=owner, idempotency_key=key
+        )
+    except SubmitError as exc:
+        raise ApiError(400, str(exc)) from None
+    except RecordedNotQueued as exc:
+        job_id, warning = exc.job_id, str(exc)
+    async with services.engine.connect() as conn:
+        job = await job_store.get_job(conn, job_id)
+    assert job is not None
+    out: dict[str, Any] = {"id": job.id, "state": job.state.value}
+    if warning:
+        out["warning"] = warning
+    return JSONResponse(out, status_code=201)
+
+
+@endpoint(Role.VIEWER)
+async def get_job(request: Request, services: Services, principal: Principal) -> Response:
+    """One job with its attempts, paid calls and audit entries."""
+    job_id = request.path_params["job_id"]
+    async with services.engine.connect() as conn:
+        job = await job_store.get_job(conn, job_id)
+        if job is None:
+            raise ApiError(404, f"no job with id {job_id}")
+        out = job.as_dict()
+        out["attempt_log"] = [
+            _plain(a.__dict__) for a in await job_store.job_attempts(conn, job_id)
+        ]
+        out["paid_calls"] = [_plain(c.__dict__) for c in await paid_calls.calls_of(conn, job_id)]
+        out["audit"] = [e.as_dict() for e in await audit.entries(conn, target=job_id)]
+    return JSONResponse(out)
+
+
+@endpoint(Role.VIEWER)
+async def list_jobs(request: Request, services: Services, principal: Principal) -> Response:
+    """Jobs newest first; `before` (a job id) pages on from the last one seen."""
+    query = request.query_params
+    unknown = set(query) - {"state", "agent", "owner", "limit", "before"}
+    if unknown:
+        raise ApiError(400, f"unknown parameter {sorted(unknown)[0]!r}")
+    state = parse_state(query.get("state"))
+    limit = parse_limit(query.get("limit"), MAX_LIST)
+    async with services.engine.connect() as conn:
+        found = await job_store.list_jobs(
+            conn,
+            state=state,
+            agent=query.get("agent") or None,
+            owner=query.get("owner"),
+            before=query.get("before") or None,
+            limit=limit,
+        )
+    next_before = found[-1].id if len(found) == limit else None
+    return JSONResponse({"jobs": [j.as_dict() for j in found], "next_before": next_before})
+
+
+@endpoint(Role.OPERATOR)
+async def cancel_job(request: Request, services: Services, principal: Principal) -> Response:
+    """Cancel a queued or parked job (audited with the token's name)."""
+    job_id = request.path_params["job_id"]
+    await _json_object(request, (), empty_ok=True)
+    if not await actions.cancel(services.engine, job_id, actor=principal.name):
+        await _conflict_or_missing(services, job_id, "is not queued or parked")
+    return JSONResponse({"id": job_id, "state": JobState.CANCELLED.value})
+
+
+@endpoint(Role.OPERATOR)
+async def resolve_job(request: Request, services: Services, principal: Principal) -> Response:
+    """Settle an in_doubt job: outcome completed, failed or retry, with a note."""
+    job_id = request.path_params["job_id"]
+    body = await _json_object(request, ("outcome", "note"))
+    outcome = body.get("outcome")
+    if outcome not in {"completed", "failed", "retry"}:
+        raise ApiError(400, '"outcome" must be "completed", "failed" or "retry"')
+    note = _optional_str(body, "note", 2000)
+    if not note:
+        raise ApiError(400, 'give "note": what the provider showed')
+    try:
+        state = await actions.resolve(
+            services.settings,
+            services.engine,
+            job_id,
+            outcome=outcome,
+            approved_by=principal.name,
+            note=note,
+        )
+    except dlq.ReplayRefused:
+        await _conflict_or_missing(services, job_id, "is not in_doubt")
+        raise
+    return JSONResponse({"id": job_id, "state": state.value})
+
+
+# Dead letters ----------------------------------------------------------------------------
+
+
+@endpoint(Role.VIEWER)
+async def dlq_causes(request: Request, services: Services, principal: Principal) -> Response:
+    """Parked jobs grouped by cause, largest group first."""
+    async with services.engine.connect() as conn:
+        groups = await dlq.causes(conn)
+    return JSONResponse([g.as_dict() for g in groups])
+
+
+@endpoint(Role.OPERATOR)
+async def dlq_replay(request: Request, services: Services, principal: Principal) -> Response:
+    """Replay parked jobs by cause (with a limit) or by id; the approver is the token."""
+    body = await _json_object(request, REPLAY_FIELDS)
+    request_ = parse_replay(body)
+    try:
+        outcome = await actions.replay(
+            services.settings, services.engine, approved_by=principal.name, **request_
+        )
+    except dlq.ReplayRefused as exc:
+        raise ApiError(400, str(exc)) from None
+    chosen = [j.id for j in outcome.plan.replay] if request_["dry_run"] else outcome.replayed
+    out: dict[str, Any] = {
+        "dry_run": request_["dry_run"],
+        "replayed": chosen,
+        "skipped": [{"id": i, "reason": why} for i, why in outcome.plan.skipped],
+    }
+    if outcome.push_warning:
+        out["warning"] = outcome.push_warning
+    if not chosen and outcome.plan.skipped:
+        first = outcome.plan.skipped[0]
+        out["error"] = f"no job was replayed; {first[0]}: {first[1]}"
+        return JSONResponse(out, status_code=409)
+    return JSONResponse(out)
+
+
+def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of `actions.replay` from a request body; ApiError(400) when invalid."""
+    cause, job_ids, limit = body.get("cause_id"), body.get("job_ids"), body.get("limit")
+    if (cause is None) == (job_ids is None):
+        raise ApiError(400, 'give either "cause_id" (with "limit") or "job_ids", not both')
+    if cause is not None and not isinstance(cause, str):
+        raise ApiError(400, '"cause_id" must be a cause id string from /api/dlq/causes')
+    if job_ids is not None and (
+        not isinstance(job_ids, list) or not job_ids or not all(isinstance(i, str) for i in job_ids)
+    ):
+        raise ApiError(400, '"job_ids" must be a non-empty list of job id strings')
+    if cause is not None and limit is None:
+        raise ApiError(400, 'a replay by "cause_id" needs "limit": how many jobs at most')
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ApiError(400, '"limit" must be a whole number of jobs, 1 or more')
+    for flag in ("allow_spent", "dry_run"):
+        if not isinstance(body.get(flag, False), bool):
+            raise ApiError(400, f'"{flag}" must be true or false')
+    return {
+        "job_ids": job_ids or [],
+        "cause": cause,
+        "limit": limit,
+        "reason": _optional_str(body, "reason", 2000),
+        "allow_spent": body.get("allow_spent", False),
+        "dry_run": body.get("dry_run", False),
+    }
+
+
+# Approvals: the steps issue's approvals.py adds GET /api/approvals and
+# POST /api/approvals/{id}/decide here (Role.OPERATOR), calling the CLI's own decide function
+# with the token's name as the approver, and describes them in openapi.py.
+
+
+# Service -----------------------------------------------------------------------------------
+
+
+@endpoint(Role.VIEWER)
+async def get_stats(request: Request, services: Services, principal: Principal) -> Response:
+    """What `stats --json` prints: counts by state, lanes, parked causes, spend, replies."""
+    async with services.engine.connect() as conn:
+        service = await stats.read_service_stats(conn)
+    try:
+        queue = await JobQueue.connect(services.settings, conn_retries=0)
+    except QueueUnavailable as exc:
+        raise ApiError(503, str(exc)) from None
+    try:
+        depths = await stats.lane_depths(queue, catalog.LANES)
+    finally:
+        await queue.close()
+    return JSONResponse(stats.as_json(service, depths, catalog.LANES))
+
+
+@endpoint(Role.VIEWER)
+async def get_caps(request: Request, services: Services, principal: Principal) -> Response:
+    """Every daily cap with today's (UTC) use."""
+    async with services.engine.connect() as conn:
+        caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
+    return JSONResponse([_plain(c.__dict__) for c in caps])
+
+
+@endpoint(Role.ADMIN)
+async def set_cap(request: Request, services: Services, principal: Principal) -> Response:
+    """Change a daily cap (admin; audited with the token's name as the approver)."""
+    body = await _json_object(request, ("agent", "usd", "reason"))
+    agent, amount = parse_cap(body)
+    old, new = await spend.set_cap(
+        services.engine,
+        agent,
+        amount,
+        approved_by=principal.name,
+        reason=_optional_str(body, "reason", 2000),
+    )
+    return JSONResponse(
+        {"agent": agent, "old_usd": None if old is None else str(old), "usd": str(new)}
+    )
+
+
+def parse_cap(body: dict[str, Any]) -> tuple[str, Decimal]:
+    """(agent, amount) of a cap change; ApiError(400) when invalid. Money is never a float."""
+    agent = body.get("agent")
+    if agent != GLOBAL and agent not in catalog.AGENTS:
+        raise ApiError(
+            400, f"unknown agent {agent!r}; agents: {', '.join(catalog.AGENTS)} (or '*' for global)"
+        )
+    usd = body.get("usd")
+    if not isinstance(usd, str):
+        raise ApiError(400, '"usd" must be a string like "25.00" (never a float)')
+    try:
+        amount = Decimal(usd)
+    except InvalidOperation:
+        raise ApiError(400, f'"usd" must be a number like "25.00" (got {usd!r})') from None
+    if not amount.is_finite() or amount < 0:
+        raise ApiError(400, f'"usd" must be zero or more, like "25.00" (got {usd!r})')
+    return str(agent), amount
+
+
+@endpoint(Role.VIEWER)
+async def list_audit(request: Request, services: Services, principal: Principal) -> Response:
+    """The newest audit entries, newest first."""
+    limit = parse_limit(request.query_params.get("limit"), MAX_LIST)
+    async with services.engine.connect() as conn:
+        entries = await audit.recent(
+            conn,
+            limit=limit,
+            actor=request.query_params.get("actor"),
+            target=request.query_params.get("target"),
+        )
+    return JSONResponse([e.as_dict() for e in entries])
+
+
+async def openapi(request: Request) -> Response:
+    """This API's OpenAPI document (public: it holds no data)."""
+    return JSONResponse(OPENAPI)
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/jobs", submit_job, methods=["POST"]),
+        Route("/jobs", list_jobs, methods=["GET"]),
+        Route("/jobs/{job_id}", get_job, methods=["GET"]),
+        Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+        Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
+        Route("/dlq/causes", dlq_causes, methods=["GET"]),
+        Route("/dlq/replay", dlq_replay, methods=["POST"]),
+        Route("/stats", get_stats, methods=["GET"]),
+        Route("/caps", get_caps, methods=["GET"]),
+        Route("/caps", set_cap, methods=["POST"]),
+        Route("/audit", list_audit, methods=["GET"]),
+    ]
+
+
+# Input -------------------------------------------------------------------------------------
+
+
+def parse_state(text: str | None) -> JobState | None:
+    if not text:
+        return None
+    try:
+        return JobState(text)
+    except ValueError:
+        raise ApiError(
+            400, f"unknown state {text!r}; states: {', '.join(s.value for s in JobState)}"
+        ) from None
+
+
+def parse_limit(text: str | None, most: int) -> int:
+    if text is None or text == "":
+        return 50
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise ApiError(400, f"limit must be a whole number from 1 to {most} (got {text!r})")
+    return int(text)
+
+
+async def _json_object(
+    request: Request, fields: tuple[str, ...], *, empty_ok: bool = False
+) -> dict[str, Any]:
+    raw = await _read_body(request)
+    if empty_ok and not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = (
+            f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
+            if isinstance(exc, json.JSONDecodeError)
+            else ""
+        )
+        raise ApiError(400, f"the body is not valid JSON{where}; send a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise ApiError(
+            400, f"unknown field {sorted(unknown)[0]!r}; fields: {', '.join(fields) or 'none'}"
+        )
+    return body
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (413) unread past the payload limit plus room for the other fields."""
+    limit = request.app.state.services.settings.max_payload_bytes + BODY_SLACK
+    too_large = ApiError(413, f"the request body is over {limit} bytes; send a smaller payload")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _optional_str(body: dict[str, Any], name: str, most: int) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > most:
+        raise ApiError(400, f'"{name}" must be a string of at most {most} characters')
+    return value
+
+
+async def _conflict_or_missing(services: Services, job_id: str, conflict: str) -> None:
+    async with services.engine.connect() as conn:
+        job = await job_store.get_job(conn, job_id)
+    if job is None:
+        raise ApiError(404, f"no job with id {job_id}")
+    raise ApiError(409, f"job {job_id} {conflict}: it is {job.state.value}")
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """JSON-ready: times as ISO 8601, money (Decimal) as strings."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if hasattr(value, "isoformat"):
+            value = value.isoformat()
+        elif isinstance(value, Decimal):
+            value = str(value)
+        out[key] = value
+    return out

@@ -1,0 +1,115 @@
+"""The one ASGI app behind `<slug> web`: the JSON API under /api/ and the console
+(template-owned: copier-agent-worker).
+
+Safe by default: it binds 127.0.0.1 unless told otherwise (`web --host`), refuses to start
+in prod without `<PREFIX>WEB_SECRET` (the key that signs console sessions), sends a
+Content-Security-Policy on every response and checks roles on the server for every request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+
+from ..settings import ENV_PREFIX, Settings, SettingsError
+from ..submit import Submitter
+from . import api, pages
+from .api import ApiError
+from .auth import Denied, SecurityHeaders, Sessions
+
+STATIC = Path(__file__).parent / "static"
+SECRET_VAR = f"{ENV_PREFIX}WEB_SECRET"
+MIN_SECRET_CHARS = 32
+
+
+class WebSettings(BaseSettings):
+    """The web app's own settings: `<PREFIX>WEB_SECRET` signs console sessions."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}WEB_", extra="ignore")
+
+    secret: SecretStr | None = None
+
+
+def web_secret(settings: Settings, web: WebSettings) -> tuple[str, bool]:
+    """The session-signing secret and whether it was made up for this run (dev only).
+
+    Prod refuses to start without one, or with one too short to be a key.
+    """
+    value = web.secret.get_secret_value() if web.secret is not None else ""
+    if value and len(value) < MIN_SECRET_CHARS:
+        raise SettingsError(
+            f"{SECRET_VAR} is {len(value)} characters; use at least {MIN_SECRET_CHARS} random "
+            """ones, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"""
+        )
+    if value:
+        return value, False
+    if settings.env != "dev":
+        raise SettingsError(
+            f"{SECRET_VAR} is not set and {ENV_PREFIX}ENV is {settings.env!r}: set it to a long "
+            """random string (python -c 'import secrets; print(secrets.token_urlsafe(32))')"""
+        )
+    return secrets.token_urlsafe(32), True
+
+
+class Services:
+    """What the handlers share: settings, the submitter (and its database engine), sessions."""
+
+    def __init__(self, settings: Settings, secret: str, submitter: Submitter | None = None) -> None:
+        self.settings = settings
+        self.submitter = submitter if submitter is not None else Submitter(settings)
+        self.engine = self.submitter.engine
+        self.sessions = Sessions(secret)
+
+    async def close(self) -> None:
+        await self.submitter.close()
+
+
+def create_app(settings: Settings, secret: str) -> Starlette:
+    """Build the app; the caller has checked the secret (`web_secret`)."""
+    services = Services(settings, secret)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await services.close()
+
+    app = Starlette(
+        routes=[
+            Mount("/api", routes=api.routes()),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+            *pages.routes(),
+        ],
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={ApiError: on_error, Denied: on_error, HTTPException: on_error},
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    return app
+
+
+async def on_error(request: Request, exc: Exception) -> Response:
+    """JSON `{"error": ...}` under /api/; a page (or the way to /login) in the console."""
+    if isinstance(exc, ApiError | Denied):
+        status, message = exc.status, exc.message
+    elif isinstance(exc, HTTPException):
+        status, message = exc.status_code, str(exc.detail)
+    else:  # pragma: no cover - only the three classes above are registered
+        raise exc
+    if request.url.path.startswith("/api/"):
+        headers = {"www-authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return await pages.error_page(request, status, message)

@@ -1,0 +1,504 @@
+"""The console: server-rendered pages (Jinja2, autoescape) over the same functions as the
+CLI and the API (template-owned: copier-agent-worker).
+
+Every page needs a session (else it goes to /login); every state-changing request is a POST
+with the session's `csrf_token`, refused cross-site, and checked for the role on the server.
+Job data (payloads, errors, results) only ever reaches a template as text: autoescape is on
+and nothing is marked safe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sqlalchemy import select
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend
+from ..models import GLOBAL, jobs
+from ..queue import JobQueue, QueueUnavailable
+from ..states import PARKED, JobState
+from ..tokens import Principal, Role, authenticate
+from .api import ApiError, parse_cap
+from .auth import SESSION_COOKIE, Denied, Session, Sessions, check_csrf, session_principal
+
+TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+)
+
+
+def usd(value: Decimal) -> str:
+    """Dollars as text with at least two decimals, never in exponent form.
+
+    >>> usd(Decimal("6E+1")), usd(Decimal("0.125")), usd(Decimal(0))
+    ('$60.00', '$0.125', '$0.00')
+    """
+    whole, _, cents = format(value, "f").partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
+def as_json(value: Any, indent: int | None = None) -> str:
+    """Job data as JSON text; autoescape then makes it safe (unlike Jinja's `tojson`, which
+    escapes `<` as `\\u003c` and would show that to the reader).
+
+    >>> as_json({"error": "<b>"})
+    '{"error": "<b>"}'
+    """
+    return json.dumps(value, indent=indent, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def when(value: datetime | None) -> str:
+    """A UTC time to the second, or nothing.
+
+    >>> when(datetime(2026, 1, 31, 9, 5, 7, 123, tzinfo=UTC))
+    '2026-01-31 09:05:07Z'
+    """
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+TEMPLATES.filters.update(usd=usd, as_json=as_json, when=when)
+PAGE_SIZE = 50
+CHART_BUCKETS = 12  # five-minute bars over the last hour
+
+if TYPE_CHECKING:
+    from .app import Services
+
+View = Callable[[Request, "Services", Principal, Session], Awaitable[Response]]
+
+
+def page(role: Role) -> Callable[[View], Callable[[Request], Awaitable[Response]]]:
+    """Require a console session with `role`; a POST also needs its csrf_token."""
+
+    def wrap(view: View) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            services = request.app.state.services
+            found = await session_principal(request, services.engine, services.sessions)
+            if found is None:
+                if request.method != "GET":
+                    raise Denied(401, "your session has ended; log in again")
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+            principal, session = found
+            if request.method == "POST":
+                check_csrf(request, session, await request.form())
+            if not principal.may(role):
+                raise Denied(
+                    403, f"this needs the {role.label} role; you are a {principal.role.label}"
+                )
+            return await view(request, services, principal, session)
+
+        return run
+
+    return wrap
+
+
+def render(
+    request: Request,
+    name: str,
+    status_code: int = 200,
+    *,
+    principal: Principal | None = None,
+    session: Session | None = None,
+    **context: Any,
+) -> HTMLResponse:
+    html = TEMPLATES.get_template(name).render(
+        principal=principal,
+        csrf_token=session.csrf if session else "",
+        operator=principal is not None and principal.may(Role.OPERATOR),
+        admin=principal is not None and principal.may(Role.ADMIN),
+        path=request.url.path,
+        **context,
+    )
+    return HTMLResponse(html, status_code=status_code)
+
+
+async def error_page(request: Request, status: int, message: str) -> Response:
+    if status == 401 and request.method == "GET":
+        return RedirectResponse("/login", status_code=303)
+    return render(request, "error.html", status, status=status, message=message)
+
+
+# Login -------------------------------------------------------------------------------------
+
+
+async def login_form(request: Request) -> Response:
+    return render(request, "login.html", next=_safe_next(request.query_params.get("next")))
+
+
+async def login(request: Request) -> Response:
+    """Trade a token for a signed session cookie (HttpOnly, SameSite=Strict, Secure on HTTPS)."""
+    site = request.headers.get("sec-fetch-site")
+    origin = request.headers.get("origin")
+    if (site is not None and site not in {"same-origin", "none"}) or (
+        origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}"
+    ):
+        raise Denied(403, "cross-site requests are refused")
+    form = await request.form()
+    token, target = form.get("token"), _safe_next(str(form.get("next") or "/"))
+    services = request.app.state.services
+    principal = None
+    if isinstance(token, str) and token.strip():
+        async with services.engine.connect() as conn:
+            principal = await authenticate(conn, token.strip())
+    if principal is None:
+        return render(
+            request, "login.html", 401, next=target, error="the token is wrong, unknown or revoked"
+        )
+    sessions: Sessions = services.sessions
+    _, value = sessions.new(principal, str(token).strip())
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(value=value, **sessions.cookie_options(request))
+    return response
+
+
+@page(Role.VIEWER)
+async def logout(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a local path: never an open redirect to another site."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+# Overview ----------------------------------------------------------------------------------
+
+
+@page(Role.VIEWER)
+async def overview(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    context = await _overview(services)
+    return render(request, "overview.html", principal=principal, session=session, **context)
+
+
+@page(Role.VIEWER)
+async def overview_counts(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    """The live part of the overview, polled by htmx."""
+    context = await _overview(services)
+    return render(request, "_counts.html", principal=principal, session=session, **context)
+
+
+async def _overview(services: Services) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    async with services.engine.connect() as conn:
+        by_state = await job_store.count_by_state(conn)
+        oldest = await job_store.oldest_queued(conn)
+        caps = await spend.caps_for_day(conn, now.date())
+        buckets = await _last_hour(conn, now)
+    depths: dict[str, int | None] = dict.fromkeys(catalog.LANES)
+    redis_error = None
+    try:
+        queue = await JobQueue.connect(services.settings, conn_retries=0)
+        try:
+            depths = {lane: await queue.depth(lane) for lane in catalog.LANES}
+        finally:
+            await queue.close()
+    except QueueUnavailable as exc:
+        redis_error = str(exc)
+    return {
+        "counts": [(s.value, by_state.get(s.value, 0)) for s in JobState],
+        "lanes": [
+            (
+                lane,
+                depths[lane],
+                None if lane not in oldest else round((now - oldest[lane]).total_seconds()),
+            )
+            for lane in catalog.LANES
+        ],
+        "redis_error": redis_error,
+        "caps": caps,
+        "chart": _chart(buckets),
+        "now": now,
+    }
+
+
+async def _last_hour(conn: Any, now: datetime) -> list[tuple[int, int]]:
+    """(completed, failed) per five-minute bucket over the last hour, oldest first."""
+    start = now - timedelta(hours=1)
+    rows = await conn.execute(
+        select(jobs.c.state, jobs.c.finished_at).where(jobs.c.finished_at >= start).limit(100_000)
+    )
+    counts = [[0, 0] for _ in range(CHART_BUCKETS)]
+    for state, finished in rows:
+        finished = finished if finished.tzinfo else finished.replace(tzinfo=UTC)
+        slot = min(int((finished - start).total_seconds() // 300), CHART_BUCKETS - 1)
+        failed = state in {
+            JobState.FAILED.value,
+            JobState.DEAD_LETTERED.value,
+            JobState.DENIED.value,
+        }
+        counts[slot][1 if failed else 0] += 1
+    return [(done, failed) for done, failed in counts]
+
+
+def _chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
+    """Bar geometry for an inline SVG (no script, no inline style: the CSP allows neither)."""
+    top = max([1, *(done + failed for done, failed in buckets)])
+    bars = []
+    for i, (done, failed) in enumerate(buckets):
+        h_done, h_failed = round(100 * done / top), round(100 * failed / top)
+        bars.append(
+            {"x": i * 25, "done": done, "failed": failed, "h_done": h_done, "h_failed": h_failed}
+        )
+    return {"bars": bars, "top": top, "width": CHART_BUCKETS * 25}
+
+
+# Jobs --------------------------------------------------------------------------------------
+
+
+@page(Role.VIEWER)
+async def jobs_page(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    query = request.query_params
+    filters = {k: query.get(k, "") for k in ("state", "agent", "owner", "since")}
+    errors = []
+    state = None
+    if filters["state"]:
+        try:
+            state = JobState(filters["state"])
+        except ValueError:
+            errors.append(f"unknown state {filters['state']!r}")
+    since = None
+    if filters["since"]:
+        try:
+            since = datetime.fromisoformat(filters["since"]).replace(tzinfo=UTC)
+        except ValueError:
+            errors.append(
+                f"'since' must be a time like 2026-01-31T09:00 (got {filters['since']!r})"
+            )
+    found: list[job_store.Job] = []
+    if not errors:
+        async with services.engine.connect() as conn:
+            found = await job_store.list_jobs(
+                conn,
+                state=state,
+                agent=filters["agent"] or None,
+                owner=filters["owner"] or None,
+                since=since,
+                before=query.get("before") or None,
+                limit=PAGE_SIZE,
+            )
+    more = None
+    if len(found) == PAGE_SIZE:
+        more = "/jobs?" + urlencode(
+            {**{k: v for k, v in filters.items() if v}, "before": found[-1].id}
+        )
+    return render(
+        request,
+        "jobs.html",
+        principal=principal,
+        session=session,
+        jobs=found,
+        filters=filters,
+        states=[s.value for s in JobState],
+        agents=sorted(catalog.AGENTS),
+        errors=errors,
+        more=more,
+    )
+
+
+@page(Role.VIEWER)
+async def job_page(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    job_id = request.path_params["job_id"]
+    async with services.engine.connect() as conn:
+        job = await job_store.get_job(conn, job_id)
+        if job is None:
+            raise Denied(404, f"no job with id {job_id}")
+        attempts = await job_store.job_attempts(conn, job_id)
+        calls = await paid_calls.calls_of(conn, job_id)
+        entries = await audit.entries(conn, target=job_id)
+    return render(
+        request,
+        "job.html",
+        principal=principal,
+        session=session,
+        job=job,
+        attempts=attempts,
+        calls=calls,
+        entries=entries,
+        cancellable=job.state is JobState.QUEUED or job.state in PARKED,
+        in_doubt=job.state is JobState.IN_DOUBT,
+        message=request.query_params.get("message"),
+    )
+
+
+@page(Role.OPERATOR)
+async def cancel_job(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    job_id = request.path_params["job_id"]
+    done = await actions.cancel(services.engine, job_id, actor=principal.name)
+    message = "cancelled" if done else "not cancelled: it is not queued, waiting or parked"
+    return _back(f"/jobs/{quote(job_id)}", message)
+
+
+@page(Role.OPERATOR)
+async def resolve_job(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    job_id = request.path_params["job_id"]
+    form = await request.form()
+    outcome, note = form.get("outcome"), str(form.get("note") or "").strip()
+    if outcome not in {"completed", "failed", "retry"} or not note:
+        raise Denied(400, "choose an outcome and write a note saying what the provider showed")
+    try:
+        state = await actions.resolve(
+            services.settings,
+            services.engine,
+            job_id,
+            outcome=str(outcome),
+            approved_by=principal.name,
+            note=note,
+        )
+    except dlq.ReplayRefused as exc:
+        return _back(f"/jobs/{quote(job_id)}", str(exc))
+    return _back(f"/jobs/{quote(job_id)}", f"resolved: now {state.value}")
+
+
+# Dead letters ------------------------------------------------------------------------------
+
+
+@page(Role.VIEWER)
+async def dlq_page(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    async with services.engine.connect() as conn:
+        groups = await dlq.causes(conn)
+        in_doubt = await dlq.parked(conn, state=JobState.IN_DOUBT)
+    return render(
+        request,
+        "dlq.html",
+        principal=principal,
+        session=session,
+        groups=groups,
+        in_doubt=in_doubt,
+        message=request.query_params.get("message"),
+    )
+
+
+@page(Role.OPERATOR)
+async def dlq_replay(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    """Replay up to `limit` jobs of one cause, approved by the session's token."""
+    form = await request.form()
+    cause, limit_text = str(form.get("cause_id") or ""), str(form.get("limit") or "")
+    reason = str(form.get("reason") or "").strip() or None
+    if not cause or not limit_text.isdigit() or int(limit_text) < 1:
+        return _back("/dlq", "a replay needs a cause and a limit: a whole number, 1 or more")
+    try:
+        outcome = await actions.replay(
+            services.settings,
+            services.engine,
+            cause=cause,
+            limit=int(limit_text),
+            approved_by=principal.name,
+            reason=reason,
+        )
+    except dlq.ReplayRefused as exc:
+        return _back("/dlq", str(exc))
+    message = f"replayed {len(outcome.replayed)} job(s)"
+    if outcome.plan.skipped:
+        message += f"; skipped {len(outcome.plan.skipped)} that made paid calls (replay by id)"
+    if outcome.push_warning:
+        message += f"; {outcome.push_warning}"
+    return _back("/dlq", message)
+
+
+# Caps and audit ----------------------------------------------------------------------------
+
+
+@page(Role.VIEWER)
+async def caps_page(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    async with services.engine.connect() as conn:
+        caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
+    return render(
+        request,
+        "caps.html",
+        principal=principal,
+        session=session,
+        caps=caps,
+        agents=[GLOBAL, *sorted(catalog.AGENTS)],
+        message=request.query_params.get("message"),
+    )
+
+
+@page(Role.ADMIN)
+async def set_cap(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    form = await request.form()
+    try:
+        agent, amount = parse_cap({"agent": form.get("agent"), "usd": str(form.get("usd") or "")})
+    except ApiError as exc:
+        return _back("/caps", exc.message)
+    old, new = await spend.set_cap(
+        services.engine,
+        agent,
+        amount,
+        approved_by=principal.name,
+        reason=str(form.get("reason") or "").strip() or None,
+    )
+    return _back("/caps", f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}")
+
+
+@page(Role.VIEWER)
+async def audit_page(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    async with services.engine.connect() as conn:
+        entries = await audit.recent(conn, limit=200)
+    return render(request, "audit.html", principal=principal, session=session, entries=entries)
+
+
+def _back(path: str, message: str) -> Response:
+    """Post/redirect/get: the outcome travels as a query parameter, shown as text."""
+    return RedirectResponse(f"{path}?{urlencode({'message': message})}", status_code=303)
+
+
+async def favicon(request: Request) -> Response:
+    return Response(status_code=204)
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/favicon.ico", favicon, methods=["GET"]),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", overview, methods=["GET"]),
+        Route("/partials/counts", overview_counts, methods=["GET"]),
+        Route("/jobs", jobs_page, methods=["GET"]),
+        Route("/jobs/{job_id}", job_page, methods=["GET"]),
+        Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+        Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
+        Route("/dlq", dlq_page, methods=["GET"]),
+        Route("/dlq/replay", dlq_replay, methods=["POST"]),
+        Route("/caps", caps_page, methods=["GET"]),
+        Route("/caps", set_cap, methods=["POST"]),
+        Route("/audit", audit_page, methods=["GET"]),
+    ]
