@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import audit, catalog, children, dlq, job_store
-from .db import transaction
+from . import catalog, children, dlq, job_store
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
 from .states import JobState

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import actions, approvals, children, job_store, paid_calls, steps
+from .. import actions, approvals, job_store, paid_calls, steps
 from ..db import create_engine
 from ..states import PARKED, TERMINAL
 from ..submit import Submitter
@@ -251,9 +251,7 @@ def jobs_cancel(
     async def go() -> list[str]:
         engine = create_engine(settings)
         try:
-            return await actions.cancel(
-                engine, job_id, actor=by, with_children=with_children
-            )
+            return await actions.cancel(engine, job_id, actor=by, with_children=with_children)
         finally:
             await engine.dispose()
 
