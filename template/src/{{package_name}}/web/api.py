@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend, stats
+from .. import actions, approvals, audit, catalog, dlq, job_store, paid_calls, spend, stats
 from ..models import GLOBAL
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
@@ -243,9 +243,48 @@ def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# Approvals: the steps issue's approvals.py adds GET /api/approvals and
-# POST /api/approvals/{id}/decide here (Role.OPERATOR), calling the CLI's own decide function
-# with the token's name as the approver, and describes them in openapi.py.
+# Approvals --------------------------------------------------------------------------------
+
+
+@endpoint(Role.VIEWER)
+async def list_approvals(request: Request, services: Services, principal: Principal) -> Response:
+    """Pending approvals, oldest first."""
+    async with services.engine.connect() as conn:
+        found = await approvals.pending(conn)
+    return JSONResponse([_plain(a.as_dict()) for a in found])
+
+
+@endpoint(Role.OPERATOR)
+async def decide_approval(request: Request, services: Services, principal: Principal) -> Response:
+    """Approve or reject what a waiting job asked for; the decider is the token's name."""
+    job_id = request.path_params["job_id"]
+    body = await _json_object(request, ("approved", "reason"))
+    approved = body.get("approved")
+    if not isinstance(approved, bool):
+        raise ApiError(400, '"approved" must be true (approve) or false (reject)')
+    reason = _optional_str(body, "reason", 2000)
+    try:
+        queue: JobQueue | None = await JobQueue.connect(services.settings, conn_retries=0)
+    except QueueUnavailable:
+        queue = None  # the decision still counts: recovery pushes the job
+    try:
+        state = await approvals.decide(
+            services.engine,
+            job_id,
+            approved=approved,
+            by=principal.name,
+            reason=reason,
+            queue=queue,
+        )
+    except approvals.ApprovalError as exc:
+        if not approved and not (reason and reason.strip()):
+            raise ApiError(400, 'a rejection needs "reason": the job fails with it') from None
+        await _conflict_or_missing(services, job_id, f"has no pending approval ({exc})")
+        raise
+    finally:
+        if queue is not None:
+            await queue.close()
+    return JSONResponse({"id": job_id, "state": state.value})
 
 
 # Service -----------------------------------------------------------------------------------
@@ -340,6 +379,8 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
         Route("/dlq/causes", dlq_causes, methods=["GET"]),
         Route("/dlq/replay", dlq_replay, methods=["POST"]),
+        Route("/approvals", list_approvals, methods=["GET"]),
+        Route("/approvals/{job_id}/decide", decide_approval, methods=["POST"]),
         Route("/stats", get_stats, methods=["GET"]),
         Route("/caps", get_caps, methods=["GET"]),
         Route("/caps", set_cap, methods=["POST"]),

@@ -151,6 +151,17 @@ OPENAPI: dict[str, Any] = {
                 responses=_409,
             )
         },
+        "/api/approvals": {"get": _op("Pending approvals, oldest first.", "viewer")},
+        "/api/approvals/{job_id}/decide": {
+            "post": _op(
+                "Approve or reject what a waiting job asked for (audited; the decider is the "
+                "token's name). A rejection needs a reason; the job then fails with it.",
+                "operator",
+                parameters=_JOB_ID,
+                requestBody=_body({"approved": {"type": "boolean"}, "reason": _STR}, ["approved"]),
+                responses=_409,
+            )
+        },
         "/api/stats": {"get": _op("Counts by state, lanes, parked causes, spend.", "viewer")},
         "/api/caps": {
             "get": _op("Daily caps with today's use.", "viewer"),
