@@ -11,13 +11,14 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from .settings import Settings, async_database_url
+from .settings import Settings, async_database_url, check_database
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
     """An async engine for `settings.database_url`, with SQLite tuned for several processes."""
+    check_database(settings)
     url = async_database_url(settings.database_url)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
@@ -73,4 +74,5 @@ def migrate(settings: Settings, revision: str = "heads") -> None:
     """
     from alembic import command
 
+    check_database(settings)
     command.upgrade(alembic_config(settings.database_url), revision)

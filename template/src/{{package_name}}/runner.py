@@ -76,7 +76,7 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
     if job is None:
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
-    jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
+    jlog.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
     check = await patiently(lambda: check_before_running(runtime, job), jlog)
     outcome = check or await call_agent(runtime, job, jlog)
     return await record_outcome(runtime, job, outcome, jlog)

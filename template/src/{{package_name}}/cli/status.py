@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from .. import catalog, dlq, job_store, replies, spend
 from ..db import create_engine
 from ..queue import JobQueue
-from ..settings import Settings
+from ..settings import Settings, SettingsError, check_database
 from ..states import JobState
 from .app import app
-from .support import JsonFlag, load_settings, run, table
+from .support import JsonFlag, fail, load_settings, run, table
 
 
 @app.command()
@@ -29,6 +29,10 @@ def doctor(as_json: JsonFlag = False) -> None:
         settings = Settings()  # not get_settings(): a TLS mistake is one of doctor's lines
     except ValidationError:
         settings = load_settings()  # says which setting is invalid, and exits 2
+    try:
+        check_database(settings)
+    except SettingsError as exc:
+        fail(str(exc))
     results = asyncio.run(checks.run_checks(settings))
     ok = checks.passed(results)
     if as_json:
