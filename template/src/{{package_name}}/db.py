@@ -22,12 +22,12 @@ def create_engine(settings: Settings) -> AsyncEngine:
     url = async_database_url(settings.database_url)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
     return create_async_engine(url, pool_size=max(5, settings.max_jobs), pool_pre_ping=True)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets readers run beside the one writer; busy_timeout makes writers wait their turn.
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")

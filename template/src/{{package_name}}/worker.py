@@ -26,7 +26,7 @@ from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
 from . import catalog
-from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
+from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .queue import (
     JobQueue,
@@ -77,7 +77,7 @@ async def open_runtime(settings: Settings) -> Runtime:
             "window_s": settings.batch_window_s,
         }
         batched = (
-            EngineBatchedWrites(engine, **options)
+            SqliteBatchedWrites(settings.database_url, **options)
             if settings.is_sqlite
             else PostgresBatchedWrites(settings.database_url, **options)
         )
