@@ -14,6 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from .settings import Settings, async_database_url, check_database
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# Connections a worker's engine keeps open at most (SQLAlchemy may open 10 more at a peak).
+POOL_SIZE_MAX = 10
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
@@ -24,7 +26,10 @@ def create_engine(settings: Settings) -> AsyncEngine:
         engine = create_async_engine(url, connect_args={"timeout": 30})
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
-    return create_async_engine(url, pool_size=max(5, settings.max_jobs), pool_pre_ping=True)
+    # Bounded whatever max_jobs is (up to 500 by default): a job that touches the database
+    # waits its turn for a connection rather than each worker opening hundreds of them.
+    pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
+    return create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
