@@ -107,6 +107,25 @@ def test_copy_with_all_defaults_needs_no_trust_and_never_prompts(
     assert answers["jobs_per_hour"] is None
 
 
+def test_the_message_after_copy_names_each_paid_agent_without_a_cap_and_the_fix(
+    template_repo: Path, tmp_path: Path
+) -> None:
+    agents = (
+        "agents={draft: {paid: true, timeout_s: 60, lane: default},"
+        " search: {paid: true, timeout_s: 60, lane: default},"
+        " bill: {paid: true, daily_cap_usd: 5, timeout_s: 60, lane: default},"
+        " triage: {paid: false, timeout_s: 30, lane: default}}"
+    )
+    result = copier_copy(template_repo, tmp_path / "out", "-d", agents)
+    assert result.returncode == 0, result.stderr
+    said = result.stdout + result.stderr
+    for name in ("draft", "search"):
+        assert f"Paid agent {name} has no daily cap" in said, said
+        assert f"agent-worker caps set {name} USD_PER_DAY --approved-by YOUR_NAME" in said
+    assert "Paid agent bill" not in said and "Paid agent triage" not in said
+    assert "agent-worker db upgrade" in said
+
+
 def test_numbers_given_as_d_strings_keep_their_int_and_float_types(
     template_repo: Path, tmp_path: Path
 ) -> None:

@@ -9,7 +9,8 @@ written) go together, and so do completions:
 - PostgreSQL: one autocommitted statement per batch (`... WHERE id = ANY($1)`), whose
   data-modifying CTEs move the job rows and their attempt rows together, so a batch is as
   atomic as the transaction it replaces; the guards are those of `job_store`'s verbs.
-- SQLite (one writer anyway): one transaction per batch running `job_store`'s own verbs.
+- SQLite (one writer anyway): one transaction per batch on a sqlite3 connection of the
+  worker's own, run in one trip to its thread, with the same guards.
 
 Only the hot path goes through here: claims, and completions of agents without a reply
 step. Everything else (retries, failures, parking, replies, heartbeats) uses `job_store`
@@ -20,17 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import asyncpg
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store
-from .db import transaction
+from .db import sqlite_pragmas
 from .job_store import Job
 from .states import JobState
 
@@ -235,34 +237,155 @@ class PostgresBatchedWrites(BatchedWrites):
         return rows
 
 
-class EngineBatchedWrites(BatchedWrites):
-    """Each batch in one transaction of `job_store`'s own verbs (SQLite: one writer, so one
-    transaction for many jobs instead of one each)."""
+class SqliteBatchedWrites(BatchedWrites):
+    """Each batch in one transaction on a sqlite3 connection of the worker's own, run in one
+    trip to its thread: WAL, prebuilt statements, no per-statement ORM work or thread hop.
 
-    def __init__(self, engine: AsyncEngine, **options: Any) -> None:
+    SQLite has one writer at a time, so a batch is one `BEGIN IMMEDIATE ... COMMIT`. Times
+    are stored as SQLAlchemy stores `models.UTCDateTime` on SQLite (naive UTC text with
+    microseconds), so rows written here and through `job_store` compare and read alike.
+    """
+
+    def __init__(self, database_url: str, **options: Any) -> None:
         super().__init__(**options)
-        self._engine = engine
+        self._path = make_url(database_url).database or ""
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-batches")
+        self._db: sqlite3.Connection | None = None  # used only on self._thread
+
+    async def close(self) -> None:
+        await self._run(self._close)
+        self._thread.shutdown(wait=False)
 
     async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
-        claimed: dict[str, Job] = {}
-        async with transaction(self._engine) as conn:
-            for job_id in job_ids:
-                job = await job_store.claim(
-                    conn, job_id, worker=self.worker, now=now, lease_s=self.lease_s
-                )
-                if job is not None:
-                    claimed[job_id] = job
-        return claimed
+        lease_end = now + timedelta(seconds=self.lease_s)
+        rows = await self._run(self._claim, job_ids, _sqlite_time(now), _sqlite_time(lease_end))
+        return {row["id"]: _sqlite_job(row) for row in rows}
 
     async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
+        return await self._run(self._complete, items, _sqlite_time(now))
+
+    async def _run(self, write: Callable[..., R], *args: Any) -> R:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, write, *args)
+        except sqlite3.Error as exc:
+            await loop.run_in_executor(self._thread, self._close)
+            raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    # On self._thread only, below.
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            sqlite_pragmas(db, None)
+            self._db = db
+        return self._db
+
+    def _close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    def _claim(self, job_ids: list[str], now: str, lease_end: str) -> list[sqlite3.Row]:
+        db = self._connection()
+        marks = ",".join("?" * len(job_ids))
+        with _immediate(db):
+            claimed = db.execute(
+                SQLITE_CLAIM_SQL.format(ids=marks),
+                [self.worker, now, now, lease_end, *job_ids, now, now],
+            ).fetchall()
+            retaken = [row["id"] for row in claimed if row["attempts"] > 1]
+            if retaken:
+                db.execute(
+                    SQLITE_LOST_SQL.format(ids=",".join("?" * len(retaken))), [now, *retaken]
+                )
+            db.executemany(
+                SQLITE_OPEN_ATTEMPT_SQL,
+                [(row["id"], row["attempts"], self.worker, now) for row in claimed],
+            )
+        return claimed
+
+    def _complete(self, items: list[Completion], now: str) -> set[str]:
+        db = self._connection()
         done: set[str] = set()
-        async with transaction(self._engine) as conn:
+        with _immediate(db):
             for item in items:
-                if await job_store.complete(
-                    conn, item.job_id, attempt=item.attempt, result=item.result, now=now
-                ):
+                moved = db.execute(
+                    SQLITE_COMPLETE_SQL,
+                    (json.dumps(item.result), now, now, item.job_id, item.attempt),
+                )
+                if moved.rowcount == 1:
                     done.add(item.job_id)
+            db.executemany(
+                SQLITE_CLOSE_ATTEMPT_SQL,
+                [(now, item.job_id, item.attempt) for item in items if item.job_id in done],
+            )
         return done
+
+
+# The PostgreSQL statements above, for SQLite (same guards, same columns).
+SQLITE_CLAIM_SQL = """
+UPDATE jobs
+SET state = 'active', attempts = attempts + 1, worker = ?, claimed_at = ?, updated_at = ?,
+    lease_expires_at = ?, run_after = NULL
+WHERE id IN ({ids})
+  AND ((state = 'queued' AND (run_after IS NULL OR run_after <= ?))
+       OR (state = 'active' AND lease_expires_at < ? AND attempts < max_attempts))
+RETURNING *
+"""
+SQLITE_LOST_SQL = """
+UPDATE attempts
+SET finished_at = ?, outcome = 'lost', error_class = 'WorkerLost',
+    error_message = 'the worker stopped before recording an outcome'
+WHERE job_id IN ({ids}) AND finished_at IS NULL
+"""
+SQLITE_OPEN_ATTEMPT_SQL = (
+    "INSERT INTO attempts (job_id, number, worker, started_at) VALUES (?, ?, ?, ?)"
+)
+SQLITE_COMPLETE_SQL = """
+UPDATE jobs
+SET state = 'completed', result = ?, finished_at = ?, updated_at = ?, lease_expires_at = NULL
+WHERE id = ? AND attempts = ? AND state = 'active'
+"""
+SQLITE_CLOSE_ATTEMPT_SQL = (
+    "UPDATE attempts SET finished_at = ?, outcome = 'completed' WHERE job_id = ? AND number = ?"
+)
+_SQLITE_TIMES = {"run_after", "lease_expires_at", "created_at", "updated_at", "claimed_at"}
+_SQLITE_TIMES |= {"finished_at"}
+
+
+@contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction, taken at once (no upgrade from a read lock to deadlock on)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _sqlite_time(moment: datetime) -> str:
+    """A UTC time as SQLAlchemy stores it on SQLite.
+
+    >>> _sqlite_time(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    '2026-01-02 03:04:05.000000'
+    """
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _sqlite_job(row: sqlite3.Row) -> Job:
+    values = dict(row)
+    for name in _SQLITE_TIMES:
+        if values[name] is not None:
+            values[name] = datetime.fromisoformat(values[name]).replace(tzinfo=UTC)
+    values["state"] = JobState(values["state"])
+    values["payload"] = json.loads(values["payload"])
+    if values["result"] is not None:
+        values["result"] = json.loads(values["result"])
+    return Job(**values)
 
 
 def _job(row: asyncpg.Record) -> Job:

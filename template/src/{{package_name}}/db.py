@@ -11,22 +11,28 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from .settings import Settings, async_database_url
+from .settings import Settings, async_database_url, check_database
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# Connections a worker's engine keeps open at most (SQLAlchemy may open 10 more at a peak).
+POOL_SIZE_MAX = 10
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
     """An async engine for `settings.database_url`, with SQLite tuned for several processes."""
+    check_database(settings)
     url = async_database_url(settings.database_url)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
-    return create_async_engine(url, pool_size=max(5, settings.max_jobs), pool_pre_ping=True)
+    # Bounded whatever max_jobs is (up to 500 by default): a job that touches the database
+    # waits its turn for a connection rather than each worker opening hundreds of them.
+    pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
+    return create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets readers run beside the one writer; busy_timeout makes writers wait their turn.
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -73,4 +79,5 @@ def migrate(settings: Settings, revision: str = "heads") -> None:
     """
     from alembic import command
 
+    check_database(settings)
     command.upgrade(alembic_config(settings.database_url), revision)

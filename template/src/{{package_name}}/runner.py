@@ -82,7 +82,7 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
         runtime.metrics.claim_refused()
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
-    jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
+    jlog.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
     # Observed: the claim on entry, the recorded state on exit (metrics.py); traced as a
     # CONSUMER span joined to the submit's trace (tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):

@@ -22,11 +22,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import structlog
-from arq.worker import Worker, func
+from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
 from . import catalog
-from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
+from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .http_server import HttpPortUnavailable, ProbeServer
 from .probes import Readiness
@@ -36,7 +36,9 @@ from .queue import (
     deserialize,
     queue_name,
     redis_settings,
+    ring,
     serialize,
+    wait_for_work,
 )
 from .recovery import reconcile, reply_steps
 from .retry import RetryPolicy
@@ -77,7 +79,7 @@ async def open_runtime(settings: Settings) -> Runtime:
             "window_s": settings.batch_window_s,
         }
         batched = (
-            EngineBatchedWrites(engine, **options)
+            SqliteBatchedWrites(settings.database_url, **options)
             if settings.is_sqlite
             else PostgresBatchedWrites(settings.database_url, **options)
         )
@@ -124,12 +126,12 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
     timeout = runtime.lane_timeouts[lane]
     settings = runtime.settings
     return {
-        "functions": [func(run_job, name="run_job", timeout=timeout + RECORD_GRACE_S)],
+        "functions": [func(run_job_then_ring, name="run_job", timeout=timeout + RECORD_GRACE_S)],
         "queue_name": queue_name(lane),
         "redis_settings": redis_settings(settings),
         "job_serializer": serialize,
         "job_deserializer": deserialize,
-        "max_jobs": settings.max_jobs,
+        "max_jobs": settings.max_jobs_of(lane),
         "poll_delay": settings.poll_delay_s,
         "keep_result": settings.keep_result_s,
         "max_tries": ARQ_MAX_TRIES,
@@ -140,6 +142,78 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
         "ctx": {"runtime": runtime},
         "log_results": False,
     }
+
+
+# A due retry rings a little after its time, so the woken worker finds it due.
+DUE_MARGIN_S = 0.005
+
+
+async def run_job_then_ring(ctx: dict[str, Any], job_id: str) -> str:
+    """`runner.run_job`; a retry also rings the lane's doorbell when it comes due."""
+    try:
+        return await run_job(ctx, job_id)
+    except Retry as retry:
+        ring_when_due = ctx.get("ring_when_due")
+        if ring_when_due is not None:
+            ring_when_due((retry.defer_score or 0) / 1000)
+        raise
+
+
+class LaneWorker(Worker):
+    """arq's worker for one lane, which picks work up when it comes rather than a poll later.
+
+    arq sleeps `poll_delay` between reads of the queue. After a read that was not full, this
+    worker waits instead for the first of: a ring of the lane's doorbell (every push rings:
+    submit, replay, recovery), the lane's next deferred job coming due (a retry), or the poll
+    delay, which stays the fallback (a lost ring costs at most one poll). With every slot
+    busy it waits for a slot to free. After a full read it reads again at once.
+    """
+
+    def __init__(self, *, lane: str, poll_delay: float, **config: Any) -> None:
+        super().__init__(**config, poll_delay=0)  # arq's poll loop no longer sleeps: we wait
+        self.lane = lane
+        self.wait_s = poll_delay
+        self._read = 0
+        self._rings: set[asyncio.Task[None]] = set()
+        self.ctx["ring_when_due"] = self.ring_when_due
+
+    def ring_when_due(self, delay_s: float) -> None:
+        """Ring the lane's doorbell once a retry deferred by `delay_s` is due (if this
+        process still runs then; else polling finds it)."""
+        task = asyncio.create_task(self._ring_after(delay_s + DUE_MARGIN_S))
+        self._rings.add(task)
+        task.add_done_callback(self._rings.discard)
+
+    async def _ring_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        await ring(self.pool, [self.lane])
+
+    async def close(self) -> None:
+        for task in list(self._rings):
+            task.cancel()
+        await super().close()
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        self._read = len(job_ids)
+        await super().start_jobs(job_ids)
+
+    async def _poll_iteration(self) -> None:
+        started = time.monotonic()
+        self._read = 0
+        await super()._poll_iteration()
+        if self._read < self.queue_read_limit:
+            await self._wait_for_work(self.wait_s - (time.monotonic() - started))
+
+    async def _wait_for_work(self, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            return
+        if self.job_counter < self.max_jobs:
+            await wait_for_work(self.pool, self.lane, timeout_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self.sem.acquire()  # a running job ended: a slot is free
+                self.sem.release()
 
 
 class LaneSupervisor:
@@ -221,7 +295,7 @@ class LaneSupervisor:
 
     def _new_worker(self) -> Worker:
         config = worker_settings(self.runtime, self.lane, burst=self.burst)
-        return Worker(**config, on_startup=self._connected)
+        return LaneWorker(**config, lane=self.lane, on_startup=self._connected)
 
     async def _connected(self, ctx: dict[str, Any]) -> None:
         # arq's on_startup: Redis answered. After a fault, Redis may have lost jobs (a

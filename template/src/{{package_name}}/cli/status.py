@@ -13,7 +13,7 @@ from .. import catalog
 from .. import stats as service
 from ..db import create_engine
 from ..queue import JobQueue
-from ..settings import ENV_PREFIX, Settings
+from ..settings import ENV_PREFIX, Settings, SettingsError, check_database
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
 
@@ -44,6 +44,10 @@ def doctor(
         settings = Settings()  # not get_settings(): a TLS mistake is one of doctor's lines
     except ValidationError:
         settings = load_settings()  # says which setting is invalid, and exits 2
+    try:
+        check_database(settings)
+    except SettingsError as exc:
+        fail(str(exc))
     results = asyncio.run(checks.run_checks(settings))
     ok = checks.passed(results)
     if as_json:

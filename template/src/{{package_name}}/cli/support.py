@@ -8,6 +8,7 @@ a service that cannot be reached is one line and exit code 1. Never a traceback.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,9 +24,17 @@ from .. import job_store, logs, paid_calls
 from ..agent import AgentError
 from ..db import create_engine
 from ..queue import QueueUnavailable
-from ..settings import ENV_PREFIX, Settings, SettingsError, get_settings, redact_url
+from ..settings import (
+    ENV_PREFIX,
+    Settings,
+    SettingsError,
+    check_database,
+    get_settings,
+    redact_url,
+)
 from ..states import JobState
 from ..submit import RecordedNotQueued, SubmitError
+from .app import options
 
 T = TypeVar("T")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
@@ -39,16 +48,29 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def load_settings() -> Settings:
+def load_settings(*, service: bool = False) -> Settings:
+    """The settings, or one line and exit 2; also sets up logging for this command.
+
+    A service command (`worker`, `dev`) logs in `<PREFIX>LOG_FORMAT` (JSON by default) from
+    info up. An admin command whose stdout is a terminal prints warnings and errors as plain
+    lines (info too with `-v`), unless a log format was set; elsewhere it logs like the worker.
+    """
     try:
         settings = get_settings()
+        check_database(settings)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ENV_PREFIX + "_".join(str(part) for part in first["loc"]).upper()
         fail(f"setting {where} is invalid: {first['msg']}")
     except SettingsError as exc:
         fail(str(exc))
-    logs.configure(settings.log_format)
+    verbose = options.verbose
+    if service:
+        logs.configure(settings.log_format, logging.DEBUG if verbose else logging.INFO)
+    elif sys.stdout.isatty() and "log_format" not in settings.model_fields_set:
+        logs.configure("people", logging.INFO if verbose else logging.WARNING)
+    else:
+        logs.configure(settings.log_format, logging.INFO)
     return settings
 
 
