@@ -247,7 +247,7 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     "unknown-agent-key": (
         [_agent(colour="red")],
         "unknown key(s) colour; the allowed keys are paid, timeout_s, lane, daily_cap_usd, "
-        "max_attempts",
+        "max_attempts, max_concurrent, max_concurrent_per_owner",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -256,6 +256,14 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     "zero-agent-max-attempts": (
         [_agent(max_attempts=0)],
         "has max_attempts 0; write a whole number above 0",
+    ),
+    "zero-agent-max-concurrent": (
+        [_agent(max_concurrent=0)],
+        "has max_concurrent 0; write a whole number above 0, e.g. max_concurrent: 5",
+    ),
+    "fractional-agent-max-concurrent-per-owner": (
+        [_agent(max_concurrent_per_owner=1.5)],
+        "has max_concurrent_per_owner 1.5; write a whole number above 0",
     ),
     "unknown-redis-tls": (
         ["redis_tls=ssl"],

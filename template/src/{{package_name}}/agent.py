@@ -45,6 +45,9 @@ class AgentConfig:
     paid: bool = False
     daily_cap_usd: Decimal | None = None
     max_attempts: int | None = None
+    # Jobs of this agent running at once across every worker, and per owner (limits.py).
+    max_concurrent: int | None = None
+    max_concurrent_per_owner: int | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 from arq.worker import Retry
+from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,6 +25,7 @@ from . import job_store, paid_calls, recovery, replies, spend
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
+from .gate import NO_LIMIT, Admission, Gate
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue
 from .retry import InvalidPayload, RetryPolicy, is_permanent
@@ -57,6 +59,8 @@ class Runtime:
     lane_timeouts: dict[str, int] = field(default_factory=dict)
     # Claims and completions of concurrent jobs, written in batches (see batched.py).
     batched: BatchedWrites | None = None
+    # Agent concurrency limits, checked before the claim (gate.py); None when no agent has one.
+    gate: Gate | None = None
 
 
 @dataclass(frozen=True)
@@ -72,13 +76,30 @@ class Outcome:
 async def run_job(ctx: dict[str, Any], job_id: str) -> str:
     """Run one delivery of `job_id`; returns the state it left the job in."""
     runtime: Runtime = ctx["runtime"]
+    admission = await gate(runtime, ctx, job_id)
+    try:
+        return await run_admitted(runtime, job_id, admission)
+    finally:
+        await admission.release()
+
+
+async def gate(runtime: Runtime, ctx: dict[str, Any], job_id: str) -> Admission:
+    """The job's place under its agent's concurrency limits (none for unlimited agents);
+    raises arq's Retry, using no attempt, while the agent is at a limit (gate.py)."""
+    if runtime.gate is None or not runtime.gate.guards(ctx.get("lane")):
+        return NO_LIMIT
+    return await runtime.gate.admit(runtime.engine, job_id, int(ctx.get("job_try") or 1))
+
+
+async def run_admitted(runtime: Runtime, job_id: str, admission: Admission) -> str:
+    """Claim, check, run the agent, record the outcome."""
     job = await claim(runtime, job_id)
     if job is None:
         return await not_claimed(runtime, job_id)
     jlog = bind_logger(job.id, job.agent, job.attempts)
     jlog.info("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
     check = await patiently(lambda: check_before_running(runtime, job), jlog)
-    outcome = check or await call_agent(runtime, job, jlog)
+    outcome = check or await call_agent(runtime, job, jlog, admission)
     return await record_outcome(runtime, job, outcome, jlog)
 
 
@@ -155,7 +176,9 @@ async def check_before_running(runtime: Runtime, job: job_store.Job) -> Outcome 
     return None
 
 
-async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome:
+async def call_agent(
+    runtime: Runtime, job: job_store.Job, jlog: Any, admission: Admission = NO_LIMIT
+) -> Outcome:
     """Run the agent under its timeout while a heartbeat keeps the lease."""
     agent = runtime.agents.get(job.agent)
     if agent is None:
@@ -166,7 +189,7 @@ async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )
-    heartbeat = Heartbeat(runtime, job, jlog)
+    heartbeat = Heartbeat(runtime, job, jlog, admission)
     try:
         async with asyncio.timeout(timeout):
             result = await agent.run(ctx, dict(job.payload))
@@ -308,9 +331,12 @@ class Heartbeat:
     when it is: a timer costs far less than a task started and cancelled for every job.
     """
 
-    def __init__(self, runtime: Runtime, job: job_store.Job, jlog: Any) -> None:
+    def __init__(
+        self, runtime: Runtime, job: job_store.Job, jlog: Any, admission: Admission = NO_LIMIT
+    ) -> None:
         self._runtime = runtime
         self._job = job
+        self._admission = admission
         self._log = jlog
         self._interval = runtime.settings.lease_s / 3
         self._task: asyncio.Task[None] | None = None
@@ -344,6 +370,8 @@ class Heartbeat:
             if not held:
                 self._log.warning("lease_lost")
                 return
+            with contextlib.suppress(RedisError, OSError):  # a lost slot is only logged
+                await self._admission.renew()
             await asyncio.sleep(self._interval)
 
 

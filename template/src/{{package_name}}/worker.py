@@ -28,6 +28,8 @@ from redis.exceptions import RedisError
 from . import catalog
 from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
 from .db import create_engine
+from .gate import Gate
+from .limits import Limiter
 from .queue import (
     JobQueue,
     describe_redis_error,
@@ -79,11 +81,12 @@ async def open_runtime(settings: Settings) -> Runtime:
             if settings.is_sqlite
             else PostgresBatchedWrites(settings.database_url, **options)
         )
+    agents = load_agents(settings)
     return Runtime(
         settings=settings,
         engine=engine,
         queue=queue,
-        agents=load_agents(settings),
+        agents=agents,
         policy=RetryPolicy(
             max_attempts=catalog.MAX_ATTEMPTS,
             base_s=settings.backoff_base_s or catalog.BACKOFF_BASE_S,
@@ -92,6 +95,7 @@ async def open_runtime(settings: Settings) -> Runtime:
         worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
         batched=batched,
+        gate=Gate(Limiter(queue.pool), agents, settings.lease_s),
     )
 
 
@@ -135,7 +139,7 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
         "handle_signals": False,
         # SIGTERM: stop taking jobs, give running ones the lane's timeout to finish.
         "job_completion_wait": timeout + RECORD_GRACE_S,
-        "ctx": {"runtime": runtime},
+        "ctx": {"runtime": runtime, "lane": lane},
         "log_results": False,
     }
 
