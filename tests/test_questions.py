@@ -265,6 +265,22 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(max_concurrent_per_owner=1.5)],
         "has max_concurrent_per_owner 1.5; write a whole number above 0",
     ),
+    "limit-without-keys": (
+        ["limits={llm: {}}"],
+        "limit llm has no settings; give it at least one of max_concurrent, requests_per_second",
+    ),
+    "limit-unknown-key": (
+        ["limits={llm: {requests_per_hour: 10}}"],
+        "limit llm has unknown key(s) requests_per_hour; the allowed keys are max_concurrent",
+    ),
+    "limit-zero-rate": (
+        ["limits={llm: {requests_per_minute: 0}}"],
+        "limit llm has requests_per_minute 0; write a whole number above 0",
+    ),
+    "limits-not-a-mapping": (
+        ["limits=[llm]"],
+        'limits must be a YAML mapping of limit name to settings, not ["llm"]',
+    ),
     "unknown-redis-tls": (
         ["redis_tls=ssl"],
         "'ssl' is not in ['none', 'tls', 'mtls']",

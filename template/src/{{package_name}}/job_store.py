@@ -59,6 +59,10 @@ class Job:
     updated_at: datetime
     claimed_at: datetime | None
     finished_at: datetime | None
+    # How often an upstream's rate limit sent the job back to wait (RateLimited), and its
+    # priority (-1 low, 0 normal, 1 high): both from 0005_flow_control.
+    deferrals: int = 0
+    priority: int = 0
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -258,6 +262,31 @@ async def retry(
 ) -> bool:
     """Back to `queued`, not to run before `run_after`."""
     return await _finish(conn, "retry", job_id, attempt, now, "retry", error, run_after=run_after)
+
+
+async def defer(
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    attempt: int,
+    run_after: datetime,
+    error: ErrorInfo,
+    now: datetime,
+) -> bool:
+    """An upstream rate limit: back to `queued` until `run_after` without using an attempt
+    (the attempt's row says `deferred`; the job's budget grows by the one it used)."""
+    return await _finish(
+        conn,
+        "defer",
+        job_id,
+        attempt,
+        now,
+        "deferred",
+        error,
+        run_after=run_after,
+        max_attempts=jobs.c.max_attempts + 1,
+        deferrals=jobs.c.deferrals + 1,
+    )
 
 
 async def fail(

@@ -26,11 +26,13 @@ from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .gate import NO_LIMIT, Admission, Gate
+from .limits import CallLimits
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue
 from .retry import InvalidPayload, RetryPolicy, is_permanent
 from .settings import Settings
 from .states import JobState
+from .upstream import RateLimited
 
 log = structlog.get_logger("runner")
 T = TypeVar("T")
@@ -61,13 +63,15 @@ class Runtime:
     batched: BatchedWrites | None = None
     # Agent concurrency limits, checked before the claim (gate.py); None when no agent has one.
     gate: Gate | None = None
+    # Named limits on calls inside jobs (ctx.limit, ctx.paid_call(limit=...)).
+    call_limits: CallLimits | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What one attempt ended with."""
 
-    kind: Literal["completed", "retry", "failed", "dead_lettered", "denied", "in_doubt"]
+    kind: Literal["completed", "retry", "deferred", "failed", "dead_lettered", "denied", "in_doubt"]
     result: dict[str, Any] | None = None
     error: job_store.ErrorInfo | None = None
     delay_s: float = 0.0
@@ -185,9 +189,12 @@ async def call_agent(
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
         return decide(runtime.policy, job, error, ())
     paid = PaidCalls(runtime.engine, job.id, job.agent, job.attempts)
-    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog, paid)
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
+    )
+    deadline = asyncio.get_running_loop().time() + timeout
+    ctx = AgentContext(
+        job.id, job.agent, job.attempts, job.max_attempts, jlog, paid, runtime.call_limits, deadline
     )
     heartbeat = Heartbeat(runtime, job, jlog, admission)
     try:
@@ -213,6 +220,11 @@ def decide(
         return Outcome("denied", error=error)
     if isinstance(exc, PaidCallInDoubt):
         return Outcome("in_doubt", error=error)
+    if isinstance(exc, RateLimited):
+        if job.deferrals >= policy.max_deferrals:
+            why = f"rate limited for too long: sent back {job.deferrals} times; last: {exc}"
+            return Outcome("dead_lettered", error=job_store.ErrorInfo("RateLimited", why))
+        return Outcome("deferred", error=error, delay_s=exc.after_s)
     if is_permanent(exc, permanent):
         return Outcome("failed", error=error)
     if policy.exhausted(job.attempts, job.max_attempts):
@@ -236,6 +248,9 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
             await send_reply(runtime, job.id, reply, jlog)
         return outcome.kind
     assert outcome.error is not None
+    if outcome.kind == "deferred":
+        jlog.info("job_deferred", state=JobState.QUEUED.value, retry_in_s=round(outcome.delay_s, 3))
+        raise Retry(defer=timedelta(seconds=outcome.delay_s))
     if outcome.kind != "retry":
         jlog.warning(
             "job_" + outcome.kind, state=outcome.kind, error_class=outcome.error.error_class
@@ -279,9 +294,10 @@ async def write_outcome(
             )
             if done and has_reply:
                 await replies.record_pending(conn, job.id, job.agent, now)
-        elif outcome.kind == "retry":
+        elif outcome.kind in ("retry", "deferred"):
             assert outcome.error is not None
-            done = await job_store.retry(
+            requeue = job_store.retry if outcome.kind == "retry" else job_store.defer
+            done = await requeue(
                 conn,
                 job.id,
                 attempt=job.attempts,

@@ -29,7 +29,7 @@ from . import catalog
 from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
 from .db import create_engine
 from .gate import Gate
-from .limits import Limiter
+from .limits import CallLimits, Limiter, configured
 from .queue import (
     JobQueue,
     describe_redis_error,
@@ -91,11 +91,15 @@ async def open_runtime(settings: Settings) -> Runtime:
             max_attempts=catalog.MAX_ATTEMPTS,
             base_s=settings.backoff_base_s or catalog.BACKOFF_BASE_S,
             max_s=settings.backoff_max_s or catalog.BACKOFF_MAX_S,
+            max_deferrals=settings.max_deferrals,
         ),
         worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
         batched=batched,
         gate=Gate(Limiter(queue.pool), agents, settings.lease_s),
+        call_limits=CallLimits(
+            Limiter(queue.pool), configured(catalog.LIMITS, settings.agent_modules)
+        ),
     )
 
 
