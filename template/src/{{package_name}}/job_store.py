@@ -111,10 +111,12 @@ async def enqueue(
     now: datetime,
     owner: str | None = None,
     idempotency_key: str | None = None,
+    run_after: datetime | None = None,
+    priority: int = 0,
 ) -> tuple[str, bool]:
     """Insert a `queued` job; return (id, created). A repeated idempotency key returns the
     existing job's id with created=False."""
-    job = NewJob(agent, lane, payload, max_attempts, owner, idempotency_key)
+    job = NewJob(agent, lane, payload, max_attempts, owner, idempotency_key, run_after, priority)
     ((job_id, created),) = await enqueue_many(conn, [job], now=now)
     return job_id, created
 
@@ -129,9 +131,11 @@ class NewJob:
     max_attempts: int
     owner: str | None = None
     idempotency_key: str | None = None
+    run_after: datetime | None = None  # not before (a delayed job)
+    priority: int = 0  # -1 low, 0 normal, 1 high
 
 
-# Rows per INSERT: 11 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+# Rows per INSERT: 13 columns each stays under SQLite's and asyncpg's bound-parameter limits.
 ENQUEUE_CHUNK = 1000
 
 
@@ -154,6 +158,8 @@ async def enqueue_many(
             "idempotency_key": key,
             "attempts": 0,
             "max_attempts": job.max_attempts,
+            "run_after": job.run_after,
+            "priority": job.priority,
             "created_at": now,
             "updated_at": now,
         }
@@ -451,15 +457,16 @@ async def count_by_state(conn: AsyncConnection) -> dict[str, int]:
 
 async def queued_page(
     conn: AsyncConnection, *, after_id: str, limit: int
-) -> Sequence[tuple[str, str, datetime | None]]:
-    """(id, lane, run_after) of `queued` jobs after `after_id`, in id order (keyset paging)."""
+) -> Sequence[tuple[str, str, datetime | None, int]]:
+    """(id, lane, run_after, priority) of `queued` jobs after `after_id`, in id order
+    (keyset paging)."""
     stmt = (
-        select(jobs.c.id, jobs.c.lane, jobs.c.run_after)
+        select(jobs.c.id, jobs.c.lane, jobs.c.run_after, jobs.c.priority)
         .where(jobs.c.state == JobState.QUEUED.value, jobs.c.id > after_id)
         .order_by(jobs.c.id)
         .limit(limit)
     )
-    return [(row.id, row.lane, row.run_after) for row in await conn.execute(stmt)]
+    return [(row.id, row.lane, row.run_after, row.priority) for row in await conn.execute(stmt)]
 
 
 async def expired_leases(
