@@ -281,6 +281,22 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         ["limits=[llm]"],
         'limits must be a YAML mapping of limit name to settings, not ["llm"]',
     ),
+    "schedule-missing-agent": (
+        ["schedules={nightly: {agent: nobody, cron: '0 3 * * *'}}"],
+        'schedule nightly names agent "nobody", which is not one of the agents (summarize)',
+    ),
+    "schedule-bad-cron": (
+        ["schedules={nightly: {agent: summarize, cron: 'at three'}}"],
+        'schedule nightly has cron "at three", which is not a five-field cron expression',
+    ),
+    "schedule-cron-and-every": (
+        ["schedules={nightly: {agent: summarize, cron: '0 3 * * *', every_s: 60}}"],
+        "schedule nightly needs exactly one of cron",
+    ),
+    "schedule-unknown-key": (
+        ["schedules={nightly: {agent: summarize, every_s: 60, at: noon}}"],
+        "schedule nightly has unknown key(s) at; the allowed keys are agent, cron, every_s",
+    ),
     "unknown-redis-tls": (
         ["redis_tls=ssl"],
         "'ssl' is not in ['none', 'tls', 'mtls']",

@@ -25,7 +25,7 @@ import structlog
 from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
-from . import catalog
+from . import catalog, schedules
 from .batched import BatchedWrites, EngineBatchedWrites, PostgresBatchedWrites
 from .db import create_engine
 from .gate import Gate
@@ -289,20 +289,34 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, _drain, supervisors, stopping, signum)
     recovery = None if burst else asyncio.create_task(_recover_periodically(runtime, reconnected))
+    scheduler = None if burst else start_scheduler(runtime)
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
     try:
         await asyncio.gather(*(s.run() for s in supervisors))
     finally:
-        if recovery is not None:
-            recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recovery
+        for task in (recovery, scheduler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         grace = max(runtime.lane_timeouts[lane] for lane in lanes) + RECORD_GRACE_S
         await asyncio.gather(*(s.finish(grace) for s in supervisors))
         await close_runtime(runtime)
         log.info("worker_stopped", worker=runtime.worker_name)
+
+
+def start_scheduler(runtime: Runtime) -> asyncio.Task[None] | None:
+    """Run the schedules (schedules.py) in this worker, when there are any."""
+    found = schedules.configured(catalog.SCHEDULES, runtime.settings.agent_modules)
+    if not found:
+        return None
+    lanes = {
+        name: (agent.config.lane, agent.config.max_attempts or catalog.MAX_ATTEMPTS)
+        for name, agent in runtime.agents.items()
+    }
+    return asyncio.create_task(schedules.run_scheduler(runtime.engine, runtime.queue, found, lanes))
 
 
 def _drain(supervisors: list[LaneSupervisor], stopping: asyncio.Event, signum: int) -> None:
