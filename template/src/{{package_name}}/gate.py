@@ -50,7 +50,7 @@ def recheck_delay(wait_s: float, delivery: int, rand: float = 0.5) -> float:
     0.05
     """
     low, high = RECHECK_S
-    grown = min(high, low * (1 + delivery / 20))
+    grown = min(high, low * (1 + (delivery - 1) / 20))
     return round(min(wait_s, grown) * (0.8 + 0.4 * rand), 3)
 
 
