@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import job_store
 from .agent import Agent, AgentConfig
-from .limits import Limiter, Slot, agent_slots
+from .limits import Limiter, Slot, agent_slots, note_waiting
 
 log = structlog.get_logger("gate")
 
@@ -119,6 +119,7 @@ class Gate:
             raise Retry(defer=timedelta(seconds=UNAVAILABLE_RETRY_S)) from exc
         if wait_s == 0:
             return Admission(self.limiter, slots, holder, self.lease_s)
+        await note_waiting(self.limiter.redis, f"agent:{agent}", job_id)
         recheck = recheck_delay(wait_s, delivery, random.random())
         log.info("job_waits_for_limit", job_id=job_id, agent=agent, recheck_in_s=recheck)
         raise Retry(defer=timedelta(seconds=recheck))

@@ -28,11 +28,13 @@ import asyncio
 import importlib
 import random
 import secrets
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from .upstream import RateLimited
 
@@ -337,6 +339,8 @@ class CallLimits:
                 polls += 1
                 wait_s = min(SLOT_POLL_S[1], SLOT_POLL_S[0] * polls)
                 wait_s *= 0.8 + 0.4 * random.random()
+            if polls <= 1:
+                await note_waiting(self.limiter.redis, f"call:{name}", holder)
             if left_s is not None and (loop.time() - began) + wait_s > left_s:
                 raise RateLimited(
                     after_s=wait_s,
@@ -354,6 +358,66 @@ class CallLimits:
             if grant.tokens_used is not None and config.tokens_per_minute is not None:
                 key = next(key for key, kind, _, _ in windows if kind == "t")
                 await self.limiter.settle(key, holder, tokens, grant.tokens_used)
+
+
+# Who waits on a limit: a sorted set per limit of waiters scored by when they last found it
+# full (seconds); `stats` counts those seen in the last WAITING_RECENT_S.
+WAITING_RECENT_S = 10.0
+
+
+def waiting_key(limit: str) -> str:
+    return f"{KEY_PREFIX}waiting:{limit}"
+
+
+async def note_waiting(redis: Redis, limit: str, waiter: str) -> None:
+    """Record that `waiter` found `limit` full just now (for `stats`; never fails a job)."""
+    key = waiting_key(limit)
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {waiter: time.time()})
+            pipe.zremrangebyscore(key, "-inf", time.time() - WAITING_RECENT_S)
+            pipe.expire(key, int(WAITING_RECENT_S) * 6)
+            await pipe.execute()
+    except (RedisError, OSError):
+        pass
+
+
+async def usage(
+    limiter: Limiter,
+    agents: Mapping[str, tuple[int | None, int | None]],
+    named: Mapping[str, LimitConfig],
+) -> list[dict[str, object]]:
+    """What each limit holds now and how many wait on it: agent limits (`agents` maps an
+    agent to its max_concurrent and max_concurrent_per_owner) and named limits."""
+    rows: list[dict[str, object]] = []
+    since = time.time() - WAITING_RECENT_S
+    for agent, (most, per_owner) in sorted(agents.items()):
+        if most is None and per_owner is None:
+            continue
+        slots = agent_slots(agent, "", most, None)
+        rows.append(
+            {
+                "limit": f"agent {agent}",
+                "running": await limiter.holders(slots[0]) if slots else None,
+                "max_concurrent": most,
+                "max_concurrent_per_owner": per_owner,
+                "waiting": await limiter.redis.zcount(waiting_key(f"agent:{agent}"), since, "+inf"),
+            }
+        )
+    for name, config in sorted(named.items()):
+        windows = config.windows(name)
+        running = None
+        if config.max_concurrent is not None:
+            running = await limiter.holders(Slot(windows[0][0], config.max_concurrent))
+        rows.append(
+            {
+                "limit": name,
+                "running": running,
+                **{k: v for k, v in vars(config).items() if v is not None},
+                "waiting": await limiter.redis.zcount(waiting_key(f"call:{name}"), since, "+inf"),
+            }
+        )
+    return rows
 
 
 def _ms(seconds: float) -> int:
