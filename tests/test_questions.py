@@ -279,7 +279,7 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     "unknown-agent-key": (
         [_agent(colour="red")],
         "unknown key(s) colour; the allowed keys are paid, timeout_s, lane, daily_cap_usd, "
-        "max_attempts",
+        "max_attempts, max_concurrent, max_concurrent_per_owner",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -288,6 +288,46 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     "zero-agent-max-attempts": (
         [_agent(max_attempts=0)],
         "has max_attempts 0; write a whole number above 0",
+    ),
+    "zero-agent-max-concurrent": (
+        [_agent(max_concurrent=0)],
+        "has max_concurrent 0; write a whole number above 0, e.g. max_concurrent: 5",
+    ),
+    "fractional-agent-max-concurrent-per-owner": (
+        [_agent(max_concurrent_per_owner=1.5)],
+        "has max_concurrent_per_owner 1.5; write a whole number above 0",
+    ),
+    "limit-without-keys": (
+        ["limits={llm: {}}"],
+        "limit llm has no settings; give it at least one of max_concurrent, requests_per_second",
+    ),
+    "limit-unknown-key": (
+        ["limits={llm: {requests_per_hour: 10}}"],
+        "limit llm has unknown key(s) requests_per_hour; the allowed keys are max_concurrent",
+    ),
+    "limit-zero-rate": (
+        ["limits={llm: {requests_per_minute: 0}}"],
+        "limit llm has requests_per_minute 0; write a whole number above 0",
+    ),
+    "limits-not-a-mapping": (
+        ["limits=[llm]"],
+        'limits must be a YAML mapping of limit name to settings, not ["llm"]',
+    ),
+    "schedule-missing-agent": (
+        ["schedules={nightly: {agent: nobody, cron: '0 3 * * *'}}"],
+        'schedule nightly names agent "nobody", which is not one of the agents (summarize)',
+    ),
+    "schedule-bad-cron": (
+        ["schedules={nightly: {agent: summarize, cron: 'at three'}}"],
+        'schedule nightly has cron "at three", which is not a five-field cron expression',
+    ),
+    "schedule-cron-and-every": (
+        ["schedules={nightly: {agent: summarize, cron: '0 3 * * *', every_s: 60}}"],
+        "schedule nightly needs exactly one of cron",
+    ),
+    "schedule-unknown-key": (
+        ["schedules={nightly: {agent: summarize, every_s: 60, at: noon}}"],
+        "schedule nightly has unknown key(s) at; the allowed keys are agent, cron, every_s",
     ),
     "unknown-redis-tls": (
         ["redis_tls=ssl"],

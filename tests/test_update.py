@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import json
 import os
 import re
 import shlex
@@ -289,6 +290,25 @@ def example_data(name: str) -> dict[str, Any]:
     return data
 
 
+# Answers the older release does not know (flow control): a project generated at v0.1.0 gets
+# them the way a user adds them, with `copier update -d`.
+NEW_ANSWERS = ("limits", "schedules")
+NEW_AGENT_KEYS = ("max_concurrent", "max_concurrent_per_owner")
+
+
+def older_release_data(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`data` as the older release takes it, and the `-d` arguments that add the rest."""
+    old = {key: value for key, value in data.items() if key not in NEW_ANSWERS}
+    old["agents"] = {
+        name: {key: value for key, value in spec.items() if key not in NEW_AGENT_KEYS}
+        for name, spec in data["agents"].items()
+    }
+    added = [key for key in NEW_ANSWERS if key in data]
+    if old["agents"] != data["agents"]:
+        added.append("agents")
+    return old, [arg for key in added for arg in ("-d", f"{key}={json.dumps(data[key])}")]
+
+
 def package_of(project: Path) -> str:
     return str(answers(project)["package_name"])
 
@@ -301,10 +321,11 @@ def test_updating_an_example_from_the_older_release_gives_a_fresh_copy_of_the_ne
     versions: Versions, tmp_path: Path, example: str
 ) -> None:
     data = example_data(example)
-    project = versions.generate(tmp_path / "project", "v0.1.0", data)
+    older, added = older_release_data(data)
+    project = versions.generate(tmp_path / "project", "v0.1.0", older)
     before = files(project)
 
-    result = versions.update(project, "--vcs-ref", "v0.2.0")
+    result = versions.update(project, "--vcs-ref", "v0.2.0", *added)
     assert result.returncode == 0, result.stderr[-4000:]
 
     fresh = versions.generate(tmp_path / "fresh", "v0.2.0", data, commit=False)
@@ -565,7 +586,8 @@ def test_a_rej_file_from_an_update_is_refused_by_pre_commit_and_ci(
 def test_update_with_defaults_and_skip_answered_never_prompts(
     versions: Versions, tmp_path: Path
 ) -> None:
-    project = versions.generate(tmp_path / "project", "v0.1.0", example_data("support-desk"))
+    older, _ = older_release_data(example_data("support-desk"))
+    project = versions.generate(tmp_path / "project", "v0.1.0", older)
     # Standard input is /dev/null: a single prompt would read end-of-file and fail the update.
     result = versions.update(project, "-A", "--vcs-ref", "v0.3.0")
     assert result.returncode == 0, result.stderr[-4000:]

@@ -8,9 +8,11 @@ settings (lane, timeout, attempts, spend) come from `catalog.AGENTS` or from a m
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import pkgutil
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from decimal import Decimal
 from types import ModuleType
@@ -18,8 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from .limits import CallLimits, Grant
 from .paid_calls import Cost, PaidCalls
 from .replies import ReplyFn
+from .upstream import RateLimited, retry_after_s
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentContext",
+    "GiveUp",
+    "RateLimited",
+    "RetryLater",
+    "discover",
+    "retry_after_s",
+]
 
 if TYPE_CHECKING:  # durable.py imports the retry rules, which import this module
     from .approvals import Decision
@@ -50,6 +65,9 @@ class AgentConfig:
     paid: bool = False
     daily_cap_usd: Decimal | None = None
     max_attempts: int | None = None
+    # Jobs of this agent running at once across every worker, and per owner (limits.py).
+    max_concurrent: int | None = None
+    max_concurrent_per_owner: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,8 @@ class AgentContext:
     log: Any  # a structlog logger bound to job_id, agent and attempt
     paid: PaidCalls | None = None
     durable: Durable | None = None
+    limits: CallLimits | None = None
+    deadline: float | None = None  # the event loop's time when the job's timeout ends
 
     async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Run `fn()` once per job under `name` and return its JSON result; every later run
@@ -97,6 +117,16 @@ class AgentContext:
             raise RuntimeError("steps, approvals and children need the context the runner gives")
         return self.durable
 
+    def limit(self, name: str, *, tokens: int = 0) -> AbstractAsyncContextManager[Grant]:
+        """Hold a place under the named limit `name` for the block: `async with
+        ctx.limit("llm", tokens=800) as grant: ...`. Waits for a concurrency slot and the
+        rate windows; a wait longer than the job has left raises `RateLimited` (the job goes
+        back to the queue, using no attempt). Set `grant.used(n)` to settle the tokens."""
+        if self.limits is None:
+            raise RuntimeError("ctx.limit needs the context the runner gives an agent")
+        left = None if self.deadline is None else self.deadline - asyncio.get_running_loop().time()
+        return self.limits.hold(name, tokens=tokens, left_s=left)
+
     async def paid_call(
         self,
         name: str,
@@ -104,16 +134,28 @@ class AgentContext:
         *,
         max_cost_usd: Decimal | str | int,
         cost_usd: Cost,
+        limit: str | None = None,
+        tokens: int = 0,
+        tokens_used: int | Callable[[Any], int] | None = None,
     ) -> Any:
         """Call a paid provider at most once per job under `name`, within the spend caps.
 
         Reserves `max_cost_usd` first (a missing or spent cap denies the job), then calls
         `fn()`, records `cost_usd` (a Decimal, or a function of the result) and stores the
-        result; a later attempt gets the stored result back without calling again.
+        result; a later attempt gets the stored result back without calling again. With
+        `limit`, the call first waits for its place under that named limit, reserving
+        `tokens` (an estimate), settled to `tokens_used` (a number, or a function of the
+        result, like `cost_usd`).
         """
         if self.paid is None:
             raise RuntimeError("paid_call needs the context the runner gives an agent")
-        return await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
+        if limit is None or await self.paid.is_settled(name):
+            return await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
+        async with self.limit(limit, tokens=tokens) as grant:
+            result = await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
+            if tokens_used is not None:
+                grant.used(tokens_used(result) if callable(tokens_used) else tokens_used)
+        return result
 
 
 AgentFn = Callable[[AgentContext, dict[str, Any]], Awaitable[dict[str, Any]]]

@@ -67,6 +67,10 @@ class Job:
     parent_id: str | None = None  # set on a child job (ctx.spawn)
     child_key: str | None = None
     waiting_for: str | None = None  # "approval:NAME" or "children" while `waiting`
+    # How often an upstream's rate limit sent the job back to wait (RateLimited), and its
+    # priority (-1 low, 0 normal, 1 high): both from 0005_flow_control.
+    deferrals: int = 0
+    priority: int = 0
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -115,10 +119,21 @@ async def enqueue(
     now: datetime,
     owner: str | None = None,
     idempotency_key: str | None = None,
+    run_after: datetime | None = None,
+    priority: int = 0,
 ) -> tuple[str, bool]:
     """Insert a `queued` job; return (id, created). A repeated idempotency key returns the
     existing job's id with created=False."""
-    job = NewJob(agent, lane, payload, max_attempts, owner, idempotency_key)
+    job = NewJob(
+        agent,
+        lane,
+        payload,
+        max_attempts,
+        owner,
+        idempotency_key,
+        run_after=run_after,
+        priority=priority,
+    )
     ((job_id, created),) = await enqueue_many(conn, [job], now=now)
     return job_id, created
 
@@ -134,9 +149,11 @@ class NewJob:
     owner: str | None = None
     idempotency_key: str | None = None
     trace_context: dict[str, str] | None = None
+    run_after: datetime | None = None  # not before (a delayed job)
+    priority: int = 0  # -1 low, 0 normal, 1 high
 
 
-# Rows per INSERT: 12 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+# Rows per INSERT: 14 columns each stays under SQLite's and asyncpg's bound-parameter limits.
 ENQUEUE_CHUNK = 1000
 
 
@@ -160,6 +177,8 @@ async def enqueue_many(
             "attempts": 0,
             "max_attempts": job.max_attempts,
             "trace_context": job.trace_context,
+            "run_after": job.run_after,
+            "priority": job.priority,
             "created_at": now,
             "updated_at": now,
         }
@@ -268,6 +287,31 @@ async def retry(
 ) -> bool:
     """Back to `queued`, not to run before `run_after`."""
     return await _finish(conn, "retry", job_id, attempt, now, "retry", error, run_after=run_after)
+
+
+async def defer(
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    attempt: int,
+    run_after: datetime,
+    error: ErrorInfo,
+    now: datetime,
+) -> bool:
+    """An upstream rate limit: back to `queued` until `run_after` without using an attempt
+    (the attempt's row says `deferred`; the job's budget grows by the one it used)."""
+    return await _finish(
+        conn,
+        "defer",
+        job_id,
+        attempt,
+        now,
+        "deferred",
+        error,
+        run_after=run_after,
+        max_attempts=jobs.c.max_attempts + 1,
+        deferrals=jobs.c.deferrals + 1,
+    )
 
 
 async def fail(
@@ -566,15 +610,16 @@ async def count_by_state(conn: AsyncConnection) -> dict[str, int]:
 
 async def queued_page(
     conn: AsyncConnection, *, after_id: str, limit: int
-) -> Sequence[tuple[str, str, datetime | None]]:
-    """(id, lane, run_after) of `queued` jobs after `after_id`, in id order (keyset paging)."""
+) -> Sequence[tuple[str, str, datetime | None, int]]:
+    """(id, lane, run_after, priority) of `queued` jobs after `after_id`, in id order
+    (keyset paging)."""
     stmt = (
-        select(jobs.c.id, jobs.c.lane, jobs.c.run_after)
+        select(jobs.c.id, jobs.c.lane, jobs.c.run_after, jobs.c.priority)
         .where(jobs.c.state == JobState.QUEUED.value, jobs.c.id > after_id)
         .order_by(jobs.c.id)
         .limit(limit)
     )
-    return [(row.id, row.lane, row.run_after) for row in await conn.execute(stmt)]
+    return [(row.id, row.lane, row.run_after, row.priority) for row in await conn.execute(stmt)]
 
 
 async def expired_leases(

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     Date,
     DateTime,
@@ -19,11 +20,13 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 
@@ -86,6 +89,9 @@ jobs = Table(
     Column("child_key", String(200)),
     # Why a `waiting` job waits: "approval:NAME" or "children".
     Column("waiting_for", String(200)),
+    # 0005_flow_control: times an upstream rate limit sent it back; -1 low, 0 normal, 1 high.
+    Column("deferrals", Integer, nullable=False, server_default="0"),
+    Column("priority", SmallInteger, nullable=False, server_default="0"),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),
@@ -101,7 +107,7 @@ attempts = Table(
     Column("worker", String(200), nullable=False),
     Column("started_at", UTCDateTime(), nullable=False),
     Column("finished_at", UTCDateTime()),
-    # completed / retry / failed / dead_lettered / lost (the worker vanished)
+    # completed / retry / deferred / failed / dead_lettered / lost (the worker vanished)
     Column("outcome", String(20)),
     Column("error_class", String(200)),
     Column("error_message", Text),
@@ -160,6 +166,20 @@ audit_log = Table(
     Column("action", String(100), nullable=False),
     Column("target", String(200), nullable=False),
     Column("details", JSON, nullable=False),
+)
+
+# Each schedule's state (schedules.py): paused by whom, and its latest tick and job. The
+# schedules themselves are answers (catalog.SCHEDULES); a tick's job is made once because its
+# (owner, idempotency_key) is unique.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("paused_by", String(200)),
+    Column("last_tick_at", UTCDateTime()),
+    Column("last_job_id", String(36)),
+    Column("updated_at", UTCDateTime(), nullable=False),
 )
 
 # A completed job's reply (when its agent defines `reply`): recorded in the completing

@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from . import spend
 from .db import transaction
 from .models import paid_calls
+from .upstream import RateLimited
 
 
 class NotCharged(Exception):
@@ -47,7 +48,8 @@ class PaidCallInDoubt(BaseException):
     """
 
 
-NOT_CHARGED: tuple[type[BaseException], ...] = (NotCharged, ConnectionRefusedError)
+# An upstream's 429 (RateLimited) is refused before billing too.
+NOT_CHARGED: tuple[type[BaseException], ...] = (NotCharged, ConnectionRefusedError, RateLimited)
 
 
 def not_charged(*errors: type[BaseException]) -> None:
@@ -132,6 +134,16 @@ class PaidCalls:
         await self._close(name, max_micros, spend.to_micros(cost), day, self.encode(result))
         self.observe(self.agent, "charged")
         return result
+
+    async def is_settled(self, name: str) -> bool:
+        """Whether the call `name` of this job already has its stored result."""
+        async with self.engine.connect() as conn:
+            state = await conn.scalar(
+                select(paid_calls.c.state).where(
+                    paid_calls.c.job_id == self.job_id, paid_calls.c.name == name
+                )
+            )
+        return state == "closed"
 
     async def _open(self, conn: AsyncConnection, name: str, max_micros: int, day: date) -> None:
         """Reserve `max_micros` under the caps and record the call as open, in `conn`'s

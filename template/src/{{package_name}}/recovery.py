@@ -245,7 +245,8 @@ async def _push_lost_queued(
             return
         after = page[-1][0]
         report.queued += len(page)
-        lost = await queue.missing([Push(job_id, lane, due) for job_id, lane, due in page])
+        pushes = [Push(job_id, lane, due, priority) for job_id, lane, due, priority in page]
+        lost = await queue.missing(pushes)
         if report.dry_run:
             report.pushed += len(lost)
         elif lost:

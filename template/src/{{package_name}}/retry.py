@@ -49,6 +49,7 @@ class RetryPolicy:
     base_s: float
     max_s: float
     jitter: float = 0.5  # the share of each delay that is randomised
+    max_deferrals: int = 100  # RateLimited deferrals of one job before it is dead-lettered
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """The wait after failed attempt `attempt`, with "equal jitter": between

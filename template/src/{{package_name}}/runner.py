@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 from arq.worker import Retry
+from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,11 +27,14 @@ from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .durable import Durable
 from .metrics import Metrics
+from .gate import NO_LIMIT, Admission, Gate
+from .limits import CallLimits
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue, Push, QueueUnavailable
 from .retry import InvalidPayload, RetryPolicy, is_permanent
 from .settings import Settings
 from .states import JobState
+from .upstream import RateLimited
 
 log = structlog.get_logger("runner")
 T = TypeVar("T")
@@ -61,13 +65,19 @@ class Runtime:
     batched: BatchedWrites | None = None
     # This process's Prometheus series (its own registry: several runtimes never share).
     metrics: Metrics = field(default_factory=Metrics)
+    # Agent concurrency limits, checked before the claim (gate.py); None when no agent has one.
+    gate: Gate | None = None
+    # Named limits on calls inside jobs (ctx.limit, ctx.paid_call(limit=...)).
+    call_limits: CallLimits | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What one attempt ended with."""
 
-    kind: Literal["completed", "retry", "failed", "dead_lettered", "denied", "in_doubt", "waiting"]
+    kind: Literal[
+        "completed", "retry", "deferred", "failed", "dead_lettered", "denied", "in_doubt", "waiting"
+    ]
     result: dict[str, Any] | None = None
     error: job_store.ErrorInfo | None = None
     delay_s: float = 0.0
@@ -77,6 +87,25 @@ class Outcome:
 async def run_job(ctx: dict[str, Any], job_id: str) -> str:
     """Run one delivery of `job_id`; returns the state it left the job in."""
     runtime: Runtime = ctx["runtime"]
+    admission = await gate(runtime, ctx, job_id)
+    try:
+        return await run_admitted(runtime, ctx, job_id, admission)
+    finally:
+        await admission.release()
+
+
+async def gate(runtime: Runtime, ctx: dict[str, Any], job_id: str) -> Admission:
+    """The job's place under its agent's concurrency limits (none for unlimited agents);
+    raises arq's Retry, using no attempt, while the agent is at a limit (gate.py)."""
+    if runtime.gate is None or not runtime.gate.guards(ctx.get("lane")):
+        return NO_LIMIT
+    return await runtime.gate.admit(runtime.engine, job_id, int(ctx.get("job_try") or 1))
+
+
+async def run_admitted(
+    runtime: Runtime, ctx: dict[str, Any], job_id: str, admission: Admission
+) -> str:
+    """Claim, check, run the agent, record the outcome."""
     job = await claim(runtime, job_id)
     if job is None:
         runtime.metrics.claim_refused()
@@ -87,7 +116,7 @@ async def run_job(ctx: dict[str, Any], job_id: str) -> str:
     # CONSUMER span joined to the submit's trace (tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, job), jlog)
-        outcome = check or await call_agent(runtime, job, jlog)
+        outcome = check or await call_agent(runtime, job, jlog, admission)
         observed.state = await record_outcome(runtime, job, outcome, jlog)
         return observed.state
 
@@ -165,7 +194,9 @@ async def check_before_running(runtime: Runtime, job: job_store.Job) -> Outcome 
     return None
 
 
-async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome:
+async def call_agent(
+    runtime: Runtime, job: job_store.Job, jlog: Any, admission: Admission = NO_LIMIT
+) -> Outcome:
     """Run the agent under its timeout while a heartbeat keeps the lease."""
     agent = runtime.agents.get(job.agent)
     if agent is None:
@@ -175,11 +206,22 @@ async def call_agent(runtime: Runtime, job: job_store.Job, jlog: Any) -> Outcome
         runtime.engine, job.id, job.agent, job.attempts, observe=runtime.metrics.paid_call
     )
     durable = Durable(runtime.engine, job.id, job.attempts, runtime.agents, runtime.queue)
-    ctx = AgentContext(job.id, job.agent, job.attempts, job.max_attempts, jlog, paid, durable)
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )
-    heartbeat = Heartbeat(runtime, job, jlog)
+    deadline = asyncio.get_running_loop().time() + timeout
+    ctx = AgentContext(
+        job.id,
+        job.agent,
+        job.attempts,
+        job.max_attempts,
+        jlog,
+        paid,
+        durable=durable,
+        limits=runtime.call_limits,
+        deadline=deadline,
+    )
+    heartbeat = Heartbeat(runtime, job, jlog, admission)
     try:
         async with asyncio.timeout(timeout):
             result = await agent.run(ctx, dict(job.payload))
@@ -205,6 +247,11 @@ def decide(
         return Outcome("denied", error=error)
     if isinstance(exc, PaidCallInDoubt):
         return Outcome("in_doubt", error=error)
+    if isinstance(exc, RateLimited):
+        if job.deferrals >= policy.max_deferrals:
+            why = f"rate limited for too long: sent back {job.deferrals} times; last: {exc}"
+            return Outcome("dead_lettered", error=job_store.ErrorInfo("RateLimited", why))
+        return Outcome("deferred", error=error, delay_s=exc.after_s)
     if is_permanent(exc, permanent):
         return Outcome("failed", error=error)
     if policy.exhausted(job.attempts, job.max_attempts):
@@ -232,6 +279,9 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
             await send_reply(runtime, job.id, reply, jlog)
         return outcome.kind
     assert outcome.error is not None
+    if outcome.kind == "deferred":
+        jlog.info("job_deferred", state=JobState.QUEUED.value, retry_in_s=round(outcome.delay_s, 3))
+        raise Retry(defer=timedelta(seconds=outcome.delay_s))
     if outcome.kind != "retry":
         jlog.warning(
             "job_" + outcome.kind, state=outcome.kind, error_class=outcome.error.error_class
@@ -277,9 +327,10 @@ async def write_outcome(
             )
             if done and has_reply:
                 await replies.record_pending(conn, job.id, job.agent, now)
-        elif outcome.kind == "retry":
+        elif outcome.kind in ("retry", "deferred"):
             assert outcome.error is not None
-            done = await job_store.retry(
+            requeue = job_store.retry if outcome.kind == "retry" else job_store.defer
+            done = await requeue(
                 conn,
                 job.id,
                 attempt=job.attempts,
@@ -361,9 +412,12 @@ class Heartbeat:
     when it is: a timer costs far less than a task started and cancelled for every job.
     """
 
-    def __init__(self, runtime: Runtime, job: job_store.Job, jlog: Any) -> None:
+    def __init__(
+        self, runtime: Runtime, job: job_store.Job, jlog: Any, admission: Admission = NO_LIMIT
+    ) -> None:
         self._runtime = runtime
         self._job = job
+        self._admission = admission
         self._log = jlog
         self._interval = runtime.settings.lease_s / 3
         self._task: asyncio.Task[None] | None = None
@@ -397,6 +451,8 @@ class Heartbeat:
             if not held:
                 self._log.warning("lease_lost")
                 return
+            with contextlib.suppress(RedisError, OSError):  # a lost slot is only logged
+                await self._admission.renew()
             await asyncio.sleep(self._interval)
 
 

@@ -40,6 +40,7 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
     "heartbeat": (frozenset({A}), A),
     "complete": (frozenset({A}), JobState.COMPLETED),
     "retry": (frozenset({A}), Q),
+    "defer": (frozenset({A}), Q),  # an upstream rate limit: no attempt used
     "fail": (frozenset({A}), JobState.FAILED),
     "dead_letter": (frozenset({A}), JobState.DEAD_LETTERED),
     "deny": (frozenset({Q, A}), JobState.DENIED),

@@ -14,9 +14,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import dlq, job_store, replies, spend
+from . import catalog, dlq, job_store, limits, replies, spend
 from .queue import JobQueue
+from .settings import Settings
 from .states import JobState
+from .submit import load_agents
 
 
 @dataclass(frozen=True)
@@ -84,3 +86,13 @@ def as_json(stats: ServiceStats, depths: dict[str, int], lanes: Iterable[str]) -
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
+
+
+async def limits_usage(queue: JobQueue, settings: Settings) -> list[dict[str, Any]]:
+    """Each agent and named limit: running now, its sizes, and how many wait on it."""
+    agents = {
+        name: (agent.config.max_concurrent, agent.config.max_concurrent_per_owner)
+        for name, agent in load_agents(settings).items()
+    }
+    named = limits.configured(catalog.LIMITS, settings.agent_modules)
+    return await limits.usage(limits.Limiter(queue.pool), agents, named)

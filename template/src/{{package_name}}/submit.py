@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -96,11 +96,17 @@ class Submitter:
         *,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        delay_s: float | None = None,
+        run_at: datetime | None = None,
+        priority: str = "normal",
     ) -> str:
-        """Record the job, then queue it; returns the job id."""
+        """Record the job, then queue it; returns the job id. `delay_s` or `run_at` (aware
+        UTC, in the future) delays it; `priority` is "high", "normal" or "low"."""
         checked = self.check(agent, payload)
+        run_after = due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
+        rank = priority_rank(priority)
         with tracing.submit_span(agent, self.agents[agent].config.lane) as span:
-            return await self._submit(agent, checked, owner, idempotency_key, span)
+            return await self._submit(agent, checked, owner, idempotency_key, span, run_after, rank)
 
     async def _submit(
         self,
@@ -109,6 +115,8 @@ class Submitter:
         owner: str | None,
         idempotency_key: str | None,
         span: tracing.Submit,
+        run_after: datetime | None,
+        rank: int,
     ) -> str:
         config = self.agents[agent].config
         row = job_store.NewJob(
@@ -119,6 +127,8 @@ class Submitter:
             owner=owner,
             idempotency_key=idempotency_key,
             trace_context=span.context,
+            run_after=run_after,
+            priority=rank,
         )
         async with transaction(self.engine) as conn:
             ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=datetime.now(UTC))
@@ -128,7 +138,7 @@ class Submitter:
             return job_id
         try:
             queue = await self._get_queue()
-            await queue.push_many([Push(job_id, config.lane)])
+            await queue.push_many([Push(job_id, config.lane, run_after, rank)])
         except QueueUnavailable as exc:
             log.warning("job_recorded_not_queued", job_id=job_id, agent=agent, error=str(exc))
             raise RecordedNotQueued(job_id, str(exc)) from exc
@@ -206,6 +216,9 @@ async def submit(
     *,
     owner: str | None = None,
     idempotency_key: str | None = None,
+    delay_s: float | None = None,
+    run_at: datetime | None = None,
+    priority: str = "normal",
 ) -> str:
     """Submit with a process-wide `Submitter` (one per event loop); returns the job id.
 
@@ -217,7 +230,56 @@ async def submit(
     submitter = _default.get(loop)
     if submitter is None:
         submitter = _default[loop] = Submitter(get_settings())
-    return await submitter.submit(agent, payload, owner=owner, idempotency_key=idempotency_key)
+    return await submitter.submit(
+        agent,
+        payload,
+        owner=owner,
+        idempotency_key=idempotency_key,
+        delay_s=delay_s,
+        run_at=run_at,
+        priority=priority,
+    )
+
+
+PRIORITIES = {"high": 1, "normal": 0, "low": -1}
+
+
+def priority_rank(priority: str) -> int:
+    """The stored rank of a priority name.
+
+    >>> priority_rank("high")
+    1
+    """
+    if priority not in PRIORITIES:
+        raise SubmitError(f"priority {priority!r} is not one of high, normal, low; write e.g. high")
+    return PRIORITIES[priority]
+
+
+def due_at(now: datetime, *, delay_s: float | None, run_at: datetime | None) -> datetime | None:
+    """When a delayed job may first run (None: now); refuses a past, naive or doubled time.
+
+    >>> due_at(datetime(2026, 1, 1, tzinfo=UTC), delay_s=90, run_at=None).isoformat()
+    '2026-01-01T00:01:30+00:00'
+    """
+    if delay_s is not None and run_at is not None:
+        raise SubmitError("give either a delay or a time to run at, not both")
+    if delay_s is not None:
+        if not delay_s >= 0:
+            raise SubmitError(f"delay {delay_s} is negative; write a number of seconds, e.g. 60")
+        return now + timedelta(seconds=delay_s) if delay_s else None
+    if run_at is None:
+        return None
+    if run_at.tzinfo is None:
+        raise SubmitError(
+            f"run_at {run_at.isoformat()} has no time zone; write it in UTC, "
+            "e.g. 2026-12-24T18:00:00+00:00"
+        )
+    if run_at <= now:
+        raise SubmitError(
+            f"run_at {run_at.isoformat()} is in the past; write a future time, "
+            f"e.g. {(now + timedelta(hours=1)).replace(microsecond=0).isoformat()}"
+        )
+    return run_at.astimezone(UTC)
 
 
 def _json_type(value: Any) -> str:

@@ -25,10 +25,12 @@ import structlog
 from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
-from . import catalog
+from . import catalog, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
+from .gate import Gate
 from .http_server import HttpPortUnavailable, ProbeServer
+from .limits import CallLimits, Limiter, configured
 from .probes import Readiness
 from .queue import (
     JobQueue,
@@ -83,19 +85,25 @@ async def open_runtime(settings: Settings) -> Runtime:
             if settings.is_sqlite
             else PostgresBatchedWrites(settings.database_url, **options)
         )
+    agents = load_agents(settings)
     return Runtime(
         settings=settings,
         engine=engine,
         queue=queue,
-        agents=load_agents(settings),
+        agents=agents,
         policy=RetryPolicy(
             max_attempts=catalog.MAX_ATTEMPTS,
             base_s=settings.backoff_base_s or catalog.BACKOFF_BASE_S,
             max_s=settings.backoff_max_s or catalog.BACKOFF_MAX_S,
+            max_deferrals=settings.max_deferrals,
         ),
         worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
         batched=batched,
+        gate=Gate(Limiter(queue.pool), agents, settings.lease_s),
+        call_limits=CallLimits(
+            Limiter(queue.pool), configured(catalog.LIMITS, settings.agent_modules)
+        ),
     )
 
 
@@ -139,7 +147,7 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
         "handle_signals": False,
         # SIGTERM: stop taking jobs, give running ones the lane's timeout to finish.
         "job_completion_wait": timeout + RECORD_GRACE_S,
-        "ctx": {"runtime": runtime},
+        "ctx": {"runtime": runtime, "lane": lane},
         "log_results": False,
     }
 
@@ -368,14 +376,16 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, _drain, supervisors, stopping, signum)
     recovery = None if burst else asyncio.create_task(_recover_periodically(runtime, reconnected))
+    scheduler = None if burst else start_scheduler(runtime)
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
     try:
         await asyncio.gather(*(s.run() for s in supervisors))
     finally:
-        if recovery is not None:
-            recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recovery
+        for task in (recovery, scheduler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         grace = max(runtime.lane_timeouts[lane] for lane in lanes) + RECORD_GRACE_S
@@ -398,6 +408,18 @@ async def serve_http(
     server = ProbeServer(runtime, readiness, settings.http_host, settings.http_port)
     await server.start()
     return server
+
+
+def start_scheduler(runtime: Runtime) -> asyncio.Task[None] | None:
+    """Run the schedules (schedules.py) in this worker, when there are any."""
+    found = schedules.configured(catalog.SCHEDULES, runtime.settings.agent_modules)
+    if not found:
+        return None
+    lanes = {
+        name: (agent.config.lane, agent.config.max_attempts or catalog.MAX_ATTEMPTS)
+        for name, agent in runtime.agents.items()
+    }
+    return asyncio.create_task(schedules.run_scheduler(runtime.engine, runtime.queue, found, lanes))
 
 
 def _drain(supervisors: list[LaneSupervisor], stopping: asyncio.Event, signum: int) -> None:

@@ -7,12 +7,12 @@ a service that cannot be reached is one line and exit code 1. Never a traceback.
 
 from __future__ import annotations
 
-from . import approvals, audit, db, dlq, jobs, run, spend, status, tokens, web
+from . import approvals, audit, db, dlq, jobs, run, schedules, spend, status, tokens, web
 from .app import app
 
 __all__ = ["app", "main"]
 # The command groups register themselves on `app` when imported.
-_GROUPS = (approvals, audit, db, dlq, jobs, run, spend, status, tokens, web)
+_GROUPS = (approvals, audit, db, dlq, jobs, run, schedules, spend, status, tokens, web)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import typer
 from .. import actions, approvals, job_store, paid_calls, steps
 from ..db import create_engine
 from ..states import PARKED, TERMINAL
-from ..submit import Submitter
+from ..submit import SubmitError, Submitter, due_at, priority_rank
 from .app import app
 from .support import (
     JsonFlag,
@@ -42,17 +42,36 @@ def submit(
         str | None, typer.Option(help="Same key + owner = same job.")
     ] = None,
     owner: Annotated[str | None, typer.Option(help="Who the job is for.")] = None,
+    delay: Annotated[
+        float | None, typer.Option("--delay", help="Run no sooner than SECONDS from now.")
+    ] = None,
+    at: Annotated[
+        str | None, typer.Option("--at", help="Run no sooner than this ISO-8601 UTC time.")
+    ] = None,
+    priority: Annotated[str, typer.Option("--priority", help="high, normal or low.")] = "normal",
     as_json: JsonFlag = False,
 ) -> None:
     """Record a job and queue it; prints the job id."""
     payload = _read_payload(input_json, input_file)
+    run_at = _read_time("--at", at)
+    try:
+        due_at(datetime.now(UTC), delay_s=delay, run_at=run_at)
+        priority_rank(priority)
+    except SubmitError as exc:
+        fail(str(exc).replace("run_at", "--at").replace("delay ", "--delay "))
     settings = load_settings()
 
     async def go() -> dict[str, Any] | str:
         submitter = Submitter(settings)
         try:
             job_id = await submitter.submit(
-                agent, payload, owner=owner, idempotency_key=idempotency_key
+                agent,
+                payload,
+                owner=owner,
+                idempotency_key=idempotency_key,
+                delay_s=delay,
+                run_at=run_at,
+                priority=priority,
             )
             if not as_json:
                 return job_id
@@ -65,6 +84,19 @@ def submit(
 
     out = run(go(), settings)
     typer.echo(json.dumps(out, indent=2) if as_json else out)
+
+
+def _read_time(option: str, value: str | None) -> datetime | None:
+    """An ISO-8601 time given on the command line; one without a zone is refused."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"{option} {value!r} is not an ISO-8601 time; write e.g. 2026-12-24T18:00:00Z")
+    if moment.tzinfo is None:
+        fail(f"{option} {value!r} has no time zone; write it in UTC, e.g. {value}Z")
+    return moment
 
 
 def _read_payload(input_json: str | None, input_file: Path | None) -> Any:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from .. import catalog
+from .. import catalog, limits
 from .. import stats as service
 from ..db import create_engine
 from ..queue import JobQueue
@@ -61,7 +61,8 @@ def doctor(
 
 @app.command()
 def stats(as_json: JsonFlag = False) -> None:
-    """Counts by state, queue depth per lane, parked causes, spend today, unsent replies."""
+    """Counts by state, queue depth per lane, parked causes, spend today, unsent replies,
+    and what each limit runs and holds waiting."""
     settings = load_settings()
 
     async def go() -> dict[str, Any]:
@@ -71,10 +72,11 @@ def stats(as_json: JsonFlag = False) -> None:
             async with engine.connect() as conn:
                 found = await service.read_service_stats(conn)
             depths = await service.lane_depths(queue, catalog.LANES)
+            held = await service.limits_usage(queue, settings)
         finally:
             await queue.close()
             await engine.dispose()
-        return service.as_json(found, depths, catalog.LANES)
+        return {**service.as_json(found, depths, catalog.LANES), "limits": held}
 
     out = run(go(), settings)
     if as_json:
@@ -107,3 +109,21 @@ def stats(as_json: JsonFlag = False) -> None:
         ],
     )
     typer.echo(f"\nunsent replies: {out['unsent_replies']}")
+    if out["limits"]:
+        typer.echo("")
+        table(
+            ["limit", "running", "sizes", f"waiting (last {limits.WAITING_RECENT_S:g} s)"],
+            [
+                [
+                    str(row["limit"]),
+                    "-" if row["running"] is None else str(row["running"]),
+                    ", ".join(
+                        f"{k}={v}"
+                        for k, v in row.items()
+                        if k not in {"limit", "running", "waiting"} and v is not None
+                    ),
+                    str(row["waiting"]),
+                ]
+                for row in out["limits"]
+            ],
+        )
