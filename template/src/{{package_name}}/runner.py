@@ -26,9 +26,9 @@ from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .durable import Durable
-from .metrics import Metrics
 from .gate import NO_LIMIT, Admission, Gate
 from .limits import CallLimits
+from .metrics import Metrics
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue, Push, QueueUnavailable
 from .retry import InvalidPayload, RetryPolicy, is_permanent
