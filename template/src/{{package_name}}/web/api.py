@@ -80,15 +80,21 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 200:
         raise ApiError(400, "the Idempotency-Key header must be 1 to 200 characters")
-    # Seam for flow control (delays and priority): until the submitter takes them, a value
-    # is refused rather than silently dropped.
-    for name in ("delay_s", "priority"):
-        if body.get(name) is not None:
-            raise ApiError(400, f'"{name}" is not supported by this service yet; leave it out')
+    delay_s = body.get("delay_s")
+    if delay_s is not None and (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)):
+        raise ApiError(400, '"delay_s" must be a number of seconds, e.g. 60')
+    priority = body.get("priority", "normal")
+    if not isinstance(priority, str):
+        raise ApiError(400, '"priority" must be "high", "normal" or "low"')
     warning = None
     try:
         job_id = await services.submitter.submit(
-            agent, body["payload"], owner=owner, idempotency_key=key
+            agent,
+            body["payload"],
+            owner=owner,
+            idempotency_key=key,
+            delay_s=delay_s,
+            priority=priority,
         )
     except SubmitError as exc:
         raise ApiError(400, str(exc)) from None
