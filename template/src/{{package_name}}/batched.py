@@ -376,6 +376,10 @@ def _sqlite_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+# Nullable JSON columns of `jobs` (payload is never null), decoded by both writers.
+JSON_COLUMNS = ("result", "trace_context")
+
+
 def _sqlite_job(row: sqlite3.Row) -> Job:
     values = dict(row)
     for name in _SQLITE_TIMES:
@@ -383,8 +387,9 @@ def _sqlite_job(row: sqlite3.Row) -> Job:
             values[name] = datetime.fromisoformat(values[name]).replace(tzinfo=UTC)
     values["state"] = JobState(values["state"])
     values["payload"] = json.loads(values["payload"])
-    if values["result"] is not None:
-        values["result"] = json.loads(values["result"])
+    for name in JSON_COLUMNS:  # json columns come back as text
+        if values.get(name) is not None:
+            values[name] = json.loads(values[name])
     return Job(**values)
 
 
@@ -392,7 +397,7 @@ def _job(row: asyncpg.Record) -> Job:
     values = dict(row)
     values["state"] = JobState(values["state"])
     values["payload"] = json.loads(values["payload"])
-    for name in ("result", "trace_context"):  # json columns come back as text
+    for name in JSON_COLUMNS:  # json columns come back as text
         if values.get(name) is not None:
             values[name] = json.loads(values[name])
     return Job(**values)
