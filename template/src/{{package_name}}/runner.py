@@ -271,7 +271,7 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
     if not done:
         jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
         return "lease_lost"
-    if job.parent_id is not None and outcome.kind != "retry":
+    if job.parent_id is not None and outcome.kind not in ("retry", "deferred"):
         await push_parent(runtime, job.parent_id, jlog)
     if outcome.kind == "completed":
         jlog.info("job_completed", state=outcome.kind)
