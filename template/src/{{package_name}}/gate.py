@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import job_store
 from .agent import Agent, AgentConfig
-from .limits import Limiter, Slot, agent_slots, note_waiting
+from .limits import Limiter, Slot, WaitObserver, agent_slots, note_waiting
 
 log = structlog.get_logger("gate")
 
@@ -84,9 +84,16 @@ NO_LIMIT = Admission()
 class Gate:
     """Decides, before the claim, whether a delivered job may start now."""
 
-    def __init__(self, limiter: Limiter, agents: Mapping[str, Agent], lease_s: float) -> None:
+    def __init__(
+        self,
+        limiter: Limiter,
+        agents: Mapping[str, Agent],
+        lease_s: float,
+        on_wait: WaitObserver | None = None,
+    ) -> None:
         self.limiter = limiter
         self.lease_s = lease_s
+        self.on_wait = on_wait
         self.limited: dict[str, AgentConfig] = {
             name: agent.config
             for name, agent in agents.items()
@@ -120,6 +127,8 @@ class Gate:
         if wait_s == 0:
             return Admission(self.limiter, slots, holder, self.lease_s)
         await note_waiting(self.limiter.redis, f"agent:{agent}", job_id)
+        if self.on_wait is not None:
+            self.on_wait(f"agent:{agent}")
         recheck = recheck_delay(wait_s, delivery, random.random())
         log.info("job_waits_for_limit", job_id=job_id, agent=agent, recheck_in_s=recheck)
         raise Retry(defer=timedelta(seconds=recheck))

@@ -29,7 +29,7 @@ import importlib
 import random
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -298,12 +298,22 @@ def configured(
     return found
 
 
+# Told "<kind>:<name>" each time a job (kind agent) or a call (kind call) finds its limit full.
+WaitObserver = Callable[[str], None]
+
+
 class CallLimits:
     """The named limits (catalog.LIMITS) as one worker uses them: wait, take, release."""
 
-    def __init__(self, limiter: Limiter, configs: Mapping[str, LimitConfig]) -> None:
+    def __init__(
+        self,
+        limiter: Limiter,
+        configs: Mapping[str, LimitConfig],
+        on_wait: WaitObserver | None = None,
+    ) -> None:
         self.limiter = limiter
         self.configs = dict(configs)
+        self.on_wait = on_wait
 
     @asynccontextmanager
     async def hold(
@@ -333,14 +343,12 @@ class CallLimits:
             wait_ms, full, now_ms = await self.limiter.take(windows, holder, lease_ms, tokens)
             if wait_ms == 0 and not full:
                 break
-            if wait_ms:  # the rate windows name the wait exactly
-                wait_s = wait_ms / 1000 * (1 + 0.1 * random.random())
-            else:  # a full slot frees when a call ends: look again soon
-                polls += 1
-                wait_s = min(SLOT_POLL_S[1], SLOT_POLL_S[0] * polls)
-                wait_s *= 0.8 + 0.4 * random.random()
+            polls += 0 if wait_ms else 1
+            wait_s = pause_s(wait_ms, polls, random.random())
             if polls <= 1:
                 await note_waiting(self.limiter.redis, f"call:{name}", holder)
+            if waited == 0.0 and self.on_wait is not None:
+                self.on_wait(f"call:{name}")  # once per call that had to wait
             if left_s is not None and (loop.time() - began) + wait_s > left_s:
                 raise RateLimited(
                     after_s=wait_s,
@@ -358,6 +366,19 @@ class CallLimits:
             if grant.tokens_used is not None and config.tokens_per_minute is not None:
                 key = next(key for key, kind, _, _ in windows if kind == "t")
                 await self.limiter.settle(key, holder, tokens, grant.tokens_used)
+
+
+def pause_s(wait_ms: int, polls: int, jitter: float) -> float:
+    """How long a call waits before it looks again: the wait the rate windows name (plus up
+    to 10 %), or, for a full concurrency slot, a poll that grows with each look (±20 %).
+
+    >>> pause_s(1000, 0, 0.0), pause_s(0, 1, 0.5) == SLOT_POLL_S[0]
+    (1.0, True)
+    """
+    if wait_ms:  # the rate windows name the wait exactly
+        return wait_ms / 1000 * (1 + 0.1 * jitter)
+    # a full slot frees when a call ends: look again soon
+    return min(SLOT_POLL_S[1], SLOT_POLL_S[0] * polls) * (0.8 + 0.4 * jitter)
 
 
 # Who waits on a limit: a sorted set per limit of waiters scored by when they last found it

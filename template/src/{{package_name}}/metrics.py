@@ -108,6 +108,13 @@ class Metrics:
             ["action"],
             registry=registry,
         )
+        self.limit_waits = Counter(
+            "agent_worker_limit_waits",
+            "Times a job found its agent's limit full (limit agent:NAME; the job waits in "
+            "queued, using no attempt) or a call found a named limit full (call:NAME)",
+            ["limit"],
+            registry=registry,
+        )
         self.lane_restarts = Counter(
             "agent_worker_lane_restarts",
             "Times a lane's arq worker was rebuilt after a Redis fault or an error",
@@ -158,6 +165,9 @@ class Metrics:
 
     def paid_call(self, agent: str, outcome: str) -> None:
         self.paid_calls.labels(agent, outcome).inc()
+
+    def limit_wait(self, limit: str) -> None:
+        self.limit_waits.labels(limit).inc()
 
     def reconciled(self, report: ReconcileReport) -> None:
         """Count what one recovery pass changed."""

@@ -31,6 +31,7 @@ from .db import create_engine
 from .gate import Gate
 from .http_server import HttpPortUnavailable, ProbeServer
 from .limits import CallLimits, Limiter, configured
+from .metrics import Metrics
 from .probes import Readiness
 from .queue import (
     JobQueue,
@@ -86,6 +87,7 @@ async def open_runtime(settings: Settings) -> Runtime:
             else PostgresBatchedWrites(settings.database_url, **options)
         )
     agents = load_agents(settings)
+    metrics = Metrics()
     return Runtime(
         settings=settings,
         engine=engine,
@@ -100,10 +102,13 @@ async def open_runtime(settings: Settings) -> Runtime:
         worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
         batched=batched,
-        gate=Gate(Limiter(queue.pool), agents, settings.lease_s),
+        gate=Gate(Limiter(queue.pool), agents, settings.lease_s, on_wait=metrics.limit_wait),
         call_limits=CallLimits(
-            Limiter(queue.pool), configured(catalog.LIMITS, settings.agent_modules)
+            Limiter(queue.pool),
+            configured(catalog.LIMITS, settings.agent_modules),
+            on_wait=metrics.limit_wait,
         ),
+        metrics=metrics,
     )
 
 
