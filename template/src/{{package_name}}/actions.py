@@ -1,5 +1,6 @@
 """Operator actions, one implementation for the CLI, the HTTP API and the web console:
-cancel a job, replay parked jobs, resolve an in-doubt job (template-owned: copier-agent-worker).
+cancel a job, replay parked jobs, resolve an in-doubt job, decide an approval
+(template-owned: copier-agent-worker).
 
 Each caller only reads its input and shows the outcome; the rules (an approver, a limit with
 a cause, never a possibly-spent job without the explicit override) and the audit rows live
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import catalog, children, dlq, job_store
+from . import approvals, catalog, children, dlq, job_store
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
 from .states import JobState
@@ -37,6 +38,31 @@ async def cancel(
     that are not running), one audit row each; returns the ids cancelled, the job first, or
     an empty list when it was not cancellable (running, finished or unknown)."""
     return await children.cancel(engine, job_id, by=actor, with_children=with_children)
+
+
+async def decide(
+    settings: Settings,
+    engine: AsyncEngine,
+    job_id: str,
+    *,
+    approved: bool,
+    by: str,
+    reason: str | None,
+) -> JobState:
+    """Approve or reject what a waiting job asked for (approvals.decide, audited), then push
+    a resumed job; when Redis does not answer the decision still counts and recovery pushes
+    it. Raises approvals.ApprovalError for a job with nothing to decide (nothing changed)."""
+    try:
+        queue: JobQueue | None = await JobQueue.connect(settings, conn_retries=0)
+    except QueueUnavailable:
+        queue = None
+    try:
+        return await approvals.decide(
+            engine, job_id, approved=approved, by=by, reason=reason, queue=queue
+        )
+    finally:
+        if queue is not None:
+            await queue.close()
 
 
 async def replay(

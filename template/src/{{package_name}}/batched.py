@@ -346,7 +346,7 @@ SQLITE_OPEN_ATTEMPT_SQL = (
 SQLITE_COMPLETE_SQL = """
 UPDATE jobs
 SET state = 'completed', result = ?, finished_at = ?, updated_at = ?, lease_expires_at = NULL
-WHERE id = ? AND attempts = ? AND state = 'active'
+WHERE id = ? AND attempts = ? AND state = 'active' AND parent_id IS NULL
 """
 SQLITE_CLOSE_ATTEMPT_SQL = (
     "UPDATE attempts SET finished_at = ?, outcome = 'completed' WHERE job_id = ? AND number = ?"

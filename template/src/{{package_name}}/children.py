@@ -117,12 +117,11 @@ async def resume_settled(engine: AsyncEngine, *, dry_run: bool = False) -> list[
     after = ""
     while True:
         async with engine.connect() as conn:
-            page = await job_store.waiting_page(conn, after_id=after, limit=PAGE)
+            page = await job_store.waiting_for_children_page(conn, after_id=after, limit=PAGE)
             ready = [
                 (job_id, lane)
-                for job_id, lane, reason in page
-                if reason == job_store.CHILDREN
-                and not await job_store.unsettled_children(conn, job_id)
+                for job_id, lane in page
+                if not await job_store.unsettled_children(conn, job_id)
             ]
         if not page:
             return pushes

@@ -544,17 +544,21 @@ async def resume_if_children_settled(
     return await resume(conn, parent_id, now=now)
 
 
-async def waiting_page(
+async def waiting_for_children_page(
     conn: AsyncConnection, *, after_id: str, limit: int
-) -> Sequence[tuple[str, str, str | None]]:
-    """(id, lane, waiting_for) of `waiting` jobs after `after_id`, in id order."""
+) -> Sequence[tuple[str, str]]:
+    """(id, lane) of jobs `waiting` for their children after `after_id`, in id order."""
     stmt = (
-        select(jobs.c.id, jobs.c.lane, jobs.c.waiting_for)
-        .where(jobs.c.state == JobState.WAITING.value, jobs.c.id > after_id)
+        select(jobs.c.id, jobs.c.lane)
+        .where(
+            jobs.c.state == JobState.WAITING.value,
+            jobs.c.waiting_for == CHILDREN,
+            jobs.c.id > after_id,
+        )
         .order_by(jobs.c.id)
         .limit(limit)
     )
-    return [(row.id, row.lane, row.waiting_for) for row in await conn.execute(stmt)]
+    return [(row.id, row.lane) for row in await conn.execute(stmt)]
 
 
 # Reads ------------------------------------------------------------------------------------

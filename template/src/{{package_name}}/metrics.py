@@ -171,7 +171,14 @@ class Metrics:
 
     def reconciled(self, report: ReconcileReport) -> None:
         """Count what one recovery pass changed."""
-        for action in ("pushed", "requeued", "in_doubt", "dead_lettered", "replies_sent"):
+        for action in (
+            "pushed",
+            "requeued",
+            "in_doubt",
+            "dead_lettered",
+            "replies_sent",
+            "resumed",
+        ):
             count = getattr(report, action)
             if count:
                 self.recovered.labels(action).inc(count)

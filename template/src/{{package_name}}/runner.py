@@ -65,7 +65,7 @@ class Runtime:
     batched: BatchedWrites | None = None
     # This process's Prometheus series (its own registry: several runtimes never share).
     metrics: Metrics = field(default_factory=Metrics)
-    # Agent concurrency limits, checked before the claim (gate.py); None when no agent has one.
+    # Agent concurrency limits, checked before the claim (gate.py); None only in tests.
     gate: Gate | None = None
     # Named limits on calls inside jobs (ctx.limit, ctx.paid_call(limit=...)).
     call_limits: CallLimits | None = None
@@ -271,7 +271,7 @@ async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome,
     if not done:
         jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
         return "lease_lost"
-    if job.parent_id is not None and outcome.kind not in ("retry", "deferred"):
+    if job.parent_id is not None and outcome.kind not in ("retry", "deferred", "in_doubt"):
         await push_parent(runtime, job.parent_id, jlog)
     if outcome.kind == "completed":
         jlog.info("job_completed", state=outcome.kind)

@@ -88,6 +88,7 @@ async def open_runtime(settings: Settings) -> Runtime:
         )
     agents = load_agents(settings)
     metrics = Metrics()
+    limiter = Limiter(queue.pool)  # one set of registered scripts for the gate and the calls
     return Runtime(
         settings=settings,
         engine=engine,
@@ -102,9 +103,9 @@ async def open_runtime(settings: Settings) -> Runtime:
         worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
         batched=batched,
-        gate=Gate(Limiter(queue.pool), agents, settings.lease_s, on_wait=metrics.limit_wait),
+        gate=Gate(limiter, agents, settings.lease_s, on_wait=metrics.limit_wait),
         call_limits=CallLimits(
-            Limiter(queue.pool),
+            limiter,
             configured(catalog.LIMITS, settings.agent_modules),
             on_wait=metrics.limit_wait,
         ),

@@ -11,11 +11,9 @@ from typing import Annotated
 
 import typer
 
-from .. import approvals
+from .. import actions, approvals
 from ..approvals import ApprovalError
 from ..db import create_engine
-from ..queue import JobQueue, QueueUnavailable
-from ..settings import Settings
 from ..states import JobState
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
@@ -84,26 +82,19 @@ def approvals_reject(
 def _decide(job_id: str, *, approved: bool, by: str, reason: str | None) -> JobState:
     settings = load_settings()
 
-    async def go(settings: Settings) -> tuple[JobState | None, str]:
+    async def go() -> tuple[JobState | None, str]:
         engine = create_engine(settings)
-        queue: JobQueue | None = None
         try:
-            try:
-                queue = await JobQueue.connect(settings, conn_retries=0)
-            except QueueUnavailable:
-                queue = None  # the decision still counts: recovery pushes the job
-            state = await approvals.decide(
-                engine, job_id, approved=approved, by=by, reason=reason, queue=queue
+            state = await actions.decide(
+                settings, engine, job_id, approved=approved, by=by, reason=reason
             )
             return state, ""
         except ApprovalError as exc:
             return None, str(exc)
         finally:
-            if queue is not None:
-                await queue.close()
             await engine.dispose()
 
-    state, refusal = run(go(settings), settings)
+    state, refusal = run(go(), settings)
     if state is None:
         fail(refusal, code=1)
     return state

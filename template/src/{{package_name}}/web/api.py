@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -180,7 +180,6 @@ async def resolve_job(request: Request, services: Services, principal: Principal
         )
     except dlq.ReplayRefused:
         await _conflict_or_missing(services, job_id, "is not in_doubt")
-        raise
     return JSONResponse({"id": job_id, "state": state.value})
 
 
@@ -269,27 +268,19 @@ async def decide_approval(request: Request, services: Services, principal: Princ
     if not isinstance(approved, bool):
         raise ApiError(400, '"approved" must be true (approve) or false (reject)')
     reason = _optional_str(body, "reason", 2000)
+    if not approved and not (reason and reason.strip()):
+        raise ApiError(400, 'a rejection needs "reason": the job fails with it')
     try:
-        queue: JobQueue | None = await JobQueue.connect(services.settings, conn_retries=0)
-    except QueueUnavailable:
-        queue = None  # the decision still counts: recovery pushes the job
-    try:
-        state = await approvals.decide(
+        state = await actions.decide(
+            services.settings,
             services.engine,
             job_id,
             approved=approved,
             by=principal.name,
             reason=reason,
-            queue=queue,
         )
     except approvals.ApprovalError as exc:
-        if not approved and not (reason and reason.strip()):
-            raise ApiError(400, 'a rejection needs "reason": the job fails with it') from None
         await _conflict_or_missing(services, job_id, f"has no pending approval ({exc})")
-        raise
-    finally:
-        if queue is not None:
-            await queue.close()
     return JSONResponse({"id": job_id, "state": state.value})
 
 
@@ -466,7 +457,7 @@ def _optional_str(body: dict[str, Any], name: str, most: int) -> str | None:
     return value
 
 
-async def _conflict_or_missing(services: Services, job_id: str, conflict: str) -> None:
+async def _conflict_or_missing(services: Services, job_id: str, conflict: str) -> NoReturn:
     async with services.engine.connect() as conn:
         job = await job_store.get_job(conn, job_id)
     if job is None:

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend
+from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend, stats
 from ..models import GLOBAL, jobs
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, JobState
@@ -198,37 +198,35 @@ async def overview_counts(
 
 
 async def _overview(services: Services) -> dict[str, Any]:
+    """The overview's numbers, read through the same functions as `stats` and `/metrics`."""
     now = datetime.now(UTC)
     async with services.engine.connect() as conn:
-        by_state = await job_store.count_by_state(conn)
-        oldest = await job_store.oldest_queued(conn)
-        caps = await spend.caps_for_day(conn, now.date())
+        found = await stats.read_service_stats(conn, causes=False)
         buckets = await _last_hour(conn, now)
     depths: dict[str, int | None] = dict.fromkeys(catalog.LANES)
     redis_error = None
     try:
         queue = await JobQueue.connect(services.settings, conn_retries=0)
         try:
-            depths = {lane: await queue.depth(lane) for lane in catalog.LANES}
+            depths = {**depths, **await stats.lane_depths(queue, catalog.LANES)}
         finally:
             await queue.close()
     except QueueUnavailable as exc:
         redis_error = str(exc)
     return {
-        "counts": [(s.value, by_state.get(s.value, 0)) for s in JobState],
+        "counts": list(found.jobs_by_state.items()),
         "lanes": [
-            (
-                lane,
-                depths[lane],
-                None if lane not in oldest else round((now - oldest[lane]).total_seconds()),
-            )
-            for lane in catalog.LANES
+            (lane, depths[lane], _whole(found.oldest_queued_age_s(lane))) for lane in catalog.LANES
         ],
         "redis_error": redis_error,
-        "caps": caps,
+        "caps": found.caps,
         "chart": _chart(buckets),
         "now": now,
     }
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds)
 
 
 async def _last_hour(conn: Any, now: datetime) -> list[tuple[int, int]]:
