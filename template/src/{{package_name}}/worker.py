@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -66,7 +67,11 @@ HEALTHY_RUN_S = 60.0
 
 def lane_timeouts(settings: Settings) -> dict[str, int]:
     """Each lane's job timeout: the answers, overridden by `<PREFIX>LANE_TIMEOUTS`."""
-    return {**catalog.LANES, **settings.lane_timeouts}
+    raised = dict(catalog.LANES)
+    for name in settings.agent_modules:  # extra agent modules (test doubles) may need longer
+        for lane, timeout in getattr(importlib.import_module(name), "LANE_TIMEOUTS", {}).items():
+            raised[lane] = max(raised.get(lane, 0), timeout)
+    return {**raised, **settings.lane_timeouts}
 
 
 async def open_runtime(settings: Settings) -> Runtime:
