@@ -21,7 +21,7 @@ from typing import Any
 import copier
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -132,6 +132,8 @@ def problems(project: Path) -> list[str]:
     max_examples=25,
     deadline=None,
     database=None,
+    # No shrinking: each example is a whole render, and the failing answers are printed.
+    phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(answers=answer_sets())
