@@ -48,8 +48,8 @@ def tier_of(path: Path) -> str:
 
 
 TIERS = {
-    "minimal": "full",
-    "support-desk": "full",
+    "minimal": "fast",
+    "support-desk": "fast",
     "research-pipeline": "full",
     **{path.stem: tier_of(path) for path in ADVERSARIAL_FILES},
 }
