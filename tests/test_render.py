@@ -176,7 +176,9 @@ def test_the_generated_code_passes_strict_mypy(rendered: Path, mypy_cache: Path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("provider", "tls"), PROVIDER_TLS, ids="-".join)
+@pytest.mark.parametrize(
+    ("provider", "tls"), [pytest.param(*pair, id="-".join(pair)) for pair in PROVIDER_TLS]
+)
 def test_every_provider_with_each_tls_mode_renders_clean_and_passes_its_unit_tests(
     provider: str, tls: str, template_repo: Path, tmp_path: Path, mypy_cache: Path
 ) -> None:
