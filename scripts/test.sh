@@ -5,7 +5,8 @@
 # 2. makes sure redis-server, prometheus and promtool are on PATH (tests start their own),
 #    and that Debian's chromium is installed (the rendered console's browser tests),
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
-# 4. runs `.venv/bin/python -m pytest tests "$@"` from the repo root; exits with pytest's code.
+# 4. runs `.venv/bin/python -m pytest tests --durations=25 "$@"` from the repo root (the 25
+#    slowest tests are listed, to keep CI inside its time); exits with pytest's code.
 #
 # Exported for the tests: TEST_DATABASE_URL (superuser URL that can CREATE DATABASE),
 # TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
@@ -32,5 +33,5 @@ TEST_PROMTOOL="$(command -v promtool)"
 start_postgres
 
 rc=0
-"$VENV/bin/python" -m pytest tests "$@" || rc=$?
+"$VENV/bin/python" -m pytest tests --durations=25 "$@" || rc=$?
 exit "$rc"
