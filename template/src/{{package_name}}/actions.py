@@ -145,7 +145,9 @@ async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) 
     except QueueUnavailable as exc:
         return f"{exc}; the jobs stay queued until recovery pushes them"
     try:
-        await queue.push_many([Push(job.id, job.lane) for job in found if job is not None])
+        await queue.push_many(
+            [Push(job.id, job.lane, agent=job.agent) for job in found if job is not None]
+        )
     finally:
         await queue.close()
     return None

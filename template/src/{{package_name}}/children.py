@@ -84,7 +84,7 @@ async def spawn(
     # second copy of a job it holds); recovery would push it too.
     if queue is not None and (created or (state is not None and state.state in RUNNABLE)):
         try:
-            await queue.push_many([Push(child_id, lane)])
+            await queue.push_many([Push(child_id, lane, agent=agent)])
         except QueueUnavailable as exc:
             log.warning("child_recorded_not_queued", job_id=child_id, error=str(exc))
     if created:

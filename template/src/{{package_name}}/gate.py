@@ -102,9 +102,15 @@ class Gate:
         self.lanes = {config.lane for config in self.limited.values()}
         self._who: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
-    def guards(self, lane: str | None) -> bool:
-        """Whether jobs delivered on `lane` may need a slot (None: not known, so maybe)."""
-        return bool(self.limited) and (lane is None or lane in self.lanes)
+    def guards(self, lane: str | None, agent: str = "") -> bool:
+        """Whether a job of `agent` delivered on `lane` may need a slot (None or "": not
+        known, so maybe). A job whose delivery names an unlimited agent costs nothing here:
+        no read of the database, no call to Redis."""
+        return (
+            bool(self.limited)
+            and (lane is None or lane in self.lanes)
+            and (not agent or agent in self.limited)
+        )
 
     async def admit(self, engine: AsyncEngine, job_id: str, delivery: int) -> Admission:
         """The job's slots, or `Retry` (no attempt used) when its agent is at a limit."""

@@ -614,16 +614,19 @@ async def count_by_state(conn: AsyncConnection) -> dict[str, int]:
 
 async def queued_page(
     conn: AsyncConnection, *, after_id: str, limit: int
-) -> Sequence[tuple[str, str, datetime | None, int]]:
-    """(id, lane, run_after, priority) of `queued` jobs after `after_id`, in id order
-    (keyset paging)."""
+) -> Sequence[tuple[str, str, datetime | None, int, str]]:
+    """(id, lane, run_after, priority, agent) of `queued` jobs after `after_id`, in id
+    order (keyset paging)."""
     stmt = (
-        select(jobs.c.id, jobs.c.lane, jobs.c.run_after, jobs.c.priority)
+        select(jobs.c.id, jobs.c.lane, jobs.c.run_after, jobs.c.priority, jobs.c.agent)
         .where(jobs.c.state == JobState.QUEUED.value, jobs.c.id > after_id)
         .order_by(jobs.c.id)
         .limit(limit)
     )
-    return [(row.id, row.lane, row.run_after, row.priority) for row in await conn.execute(stmt)]
+    return [
+        (row.id, row.lane, row.run_after, row.priority, row.agent)
+        for row in await conn.execute(stmt)
+    ]
 
 
 async def expired_leases(

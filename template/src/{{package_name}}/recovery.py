@@ -245,7 +245,7 @@ async def _push_lost_queued(
             return
         after = page[-1][0]
         report.queued += len(page)
-        pushes = [Push(job_id, lane, due, priority) for job_id, lane, due, priority in page]
+        pushes = [Push(job_id, lane, due, rank, agent) for job_id, lane, due, rank, agent in page]
         lost = await queue.missing(pushes)
         if report.dry_run:
             report.pushed += len(lost)

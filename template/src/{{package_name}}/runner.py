@@ -84,20 +84,22 @@ class Outcome:
     waiting_for: str | None = None  # "approval:NAME" or "children"
 
 
-async def run_job(ctx: dict[str, Any], job_id: str) -> str:
-    """Run one delivery of `job_id`; returns the state it left the job in."""
+async def run_job(ctx: dict[str, Any], job_id: str, agent: str = "") -> str:
+    """Run one delivery of `job_id` (of `agent`, which the push sends along; "" when it
+    did not); returns the state it left the job in."""
     runtime: Runtime = ctx["runtime"]
-    admission = await gate(runtime, ctx, job_id)
+    admission = await gate(runtime, ctx, job_id, agent)
     try:
         return await run_admitted(runtime, ctx, job_id, admission)
     finally:
         await admission.release()
 
 
-async def gate(runtime: Runtime, ctx: dict[str, Any], job_id: str) -> Admission:
-    """The job's place under its agent's concurrency limits (none for unlimited agents);
-    raises arq's Retry, using no attempt, while the agent is at a limit (gate.py)."""
-    if runtime.gate is None or not runtime.gate.guards(ctx.get("lane")):
+async def gate(runtime: Runtime, ctx: dict[str, Any], job_id: str, agent: str = "") -> Admission:
+    """The job's place under its agent's concurrency limits (none for unlimited agents,
+    without a read of Redis or the database); raises arq's Retry, using no attempt, while
+    the agent is at a limit (gate.py)."""
+    if runtime.gate is None or not runtime.gate.guards(ctx.get("lane"), agent):
         return NO_LIMIT
     return await runtime.gate.admit(runtime.engine, job_id, int(ctx.get("job_try") or 1))
 
@@ -380,7 +382,7 @@ async def push_parent(runtime: Runtime, parent_id: str, jlog: Any) -> None:
     if parent is None or parent.state is not JobState.QUEUED:
         return
     try:
-        await runtime.queue.push_many([Push(parent.id, parent.lane)])
+        await runtime.queue.push_many([Push(parent.id, parent.lane, agent=parent.agent)])
     except QueueUnavailable as exc:
         jlog.warning("parent_not_pushed", parent_id=parent_id, error=str(exc))
 

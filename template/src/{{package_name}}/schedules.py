@@ -176,7 +176,7 @@ async def tick(
                 .values(last_tick_at=due, last_job_id=job_id, updated_at=now)
             )
             if created:
-                made.append(Push(job_id, lane))
+                made.append(Push(job_id, lane, agent=schedule.agent))
                 log.info("schedule_ticked", schedule=name, tick=due.isoformat(), job_id=job_id)
     if made:
         await queue.push_many(made)  # lost pushes are recovered from the queued rows

@@ -138,7 +138,7 @@ class Submitter:
             return job_id
         try:
             queue = await self._get_queue()
-            await queue.push_many([Push(job_id, config.lane, run_after, rank)])
+            await queue.push_many([Push(job_id, config.lane, run_after, rank, agent)])
         except QueueUnavailable as exc:
             log.warning("job_recorded_not_queued", job_id=job_id, agent=agent, error=str(exc))
             raise RecordedNotQueued(job_id, str(exc)) from exc
@@ -172,7 +172,7 @@ class Submitter:
             recorded = await job_store.enqueue_many(conn, rows, now=datetime.now(UTC))
         ids = [job_id for job_id, _ in recorded]
         new = [
-            Push(job_id, row.lane)
+            Push(job_id, row.lane, agent=row.agent)
             for (job_id, created), row in zip(recorded, rows, strict=True)
             if created
         ]

@@ -167,10 +167,10 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
 DUE_MARGIN_S = 0.005
 
 
-async def run_job_then_ring(ctx: dict[str, Any], job_id: str) -> str:
+async def run_job_then_ring(ctx: dict[str, Any], job_id: str, agent: str = "") -> str:
     """`runner.run_job`; a retry also rings the lane's doorbell when it comes due."""
     try:
-        return await run_job(ctx, job_id)
+        return await run_job(ctx, job_id, agent)
     except Retry as retry:
         ring_when_due = ctx.get("ring_when_due")
         if ring_when_due is not None:
