@@ -55,10 +55,11 @@ def to_micros(usd: Decimal | int | str) -> int:
 def to_usd(micros: int) -> Decimal:
     """Micro-dollars to dollars, exactly.
 
-    >>> to_usd(1_234_500)
-    Decimal('1.2345')
+    >>> to_usd(1_234_500), to_usd(60_000_000), to_usd(0)
+    (Decimal('1.2345'), Decimal('60'), Decimal('0'))
     """
-    return (Decimal(micros) / MICROS).normalize() if micros else Decimal(0)
+    # An exact quotient keeps the smallest exponent that holds it: 60, not normalize()'s 6E+1.
+    return Decimal(micros) / MICROS
 
 
 def utc_day(now: datetime) -> date:
