@@ -39,7 +39,8 @@ names = st.one_of(
 ).filter(lambda name: not keyword.iskeyword(name))
 lanes = st.one_of(st.sampled_from(["default", "slow", "x"]), names)
 positive = st.integers(min_value=1, max_value=10**6)
-project_names = st.from_regex(r"[A-Z][A-Za-z0-9]{0,10}( [A-Za-z0-9&-]{1,8}){0,2}", fullmatch=True)
+# project_slug and package_name (derived from it) allow at most 20 characters.
+project_names = st.from_regex(r"[A-Z][A-Za-z0-9]{0,7}( [A-Za-z0-9&]{1,5}){0,2}", fullmatch=True)
 LIMIT_KEYS = ["max_concurrent", "requests_per_second", "requests_per_minute", "tokens_per_minute"]
 dollars = st.decimals(min_value=Decimal("0.01"), max_value=Decimal(100000), places=2).map(float)
 

@@ -215,6 +215,10 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         ["package_name=class"],
         "is a Python keyword",
     ),
+    "long-package": (
+        ["project_name=Customer Support Escalation"],
+        "the generated code keeps its lines within 100 characters for names of up to 20",
+    ),
     "bad-slug": (
         ["project_slug=My_Service"],
         "e.g. my-service",

@@ -189,7 +189,7 @@ def test_every_provider_with_each_tls_mode_renders_clean_and_passes_its_unit_tes
     project = render(
         template_repo,
         tmp_path / "out",
-        {"project_name": f"Pair {provider} {tls}", "redis_provider": provider, "redis_tls": tls},
+        {"project_name": f"{provider} {tls}", "redis_provider": provider, "redis_tls": tls},
     )
     assert leftover_jinja(project) == []
     for check in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
