@@ -100,14 +100,15 @@ SELECT id FROM done
 
 class Batcher(Generic[T, R]):
     """Gathers the items that arrive within `window_s` of the first, writes them as one
-    batch, and writes whatever arrived meanwhile next.
+    batch, and writes whatever arrived meanwhile next (group commit).
 
-    arq starts the jobs of one poll one after another, each after a Redis round trip of its
-    own, so the claims of a poll arrive a few hundred microseconds apart: without a window
-    almost every batch would hold one job. A batch never holds more than the worker's
-    `max_jobs` items, since each running job waits on at most one write at a time. The
-    window costs each job at most `window_s` twice (claim and completion), against a
-    `poll_delay` of tens or hundreds of milliseconds.
+    The lane worker starts the jobs of one read together (worker.LaneWorker.start_jobs), so
+    their claims arrive in the same turn of the event loop, and completions that arrive
+    while a batch is being written form the next one: the default window of 0 already
+    batches under load and adds nothing to a lone job. A batch never holds more than the
+    worker's `max_jobs` items, since each running job waits on at most one write at a time.
+    A window above 0 costs each job up to `window_s` twice (claim and completion); measured
+    here it lowered throughput (docs/benchmarks.md).
     """
 
     def __init__(self, write: Callable[[list[T]], Awaitable[list[R]]], *, window_s: float) -> None:
