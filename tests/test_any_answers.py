@@ -39,8 +39,25 @@ names = st.one_of(
 ).filter(lambda name: not keyword.iskeyword(name))
 lanes = st.one_of(st.sampled_from(["default", "slow", "x"]), names)
 positive = st.integers(min_value=1, max_value=10**6)
-# project_slug and package_name (derived from it) allow at most 20 characters.
-project_names = st.from_regex(r"[A-Z][A-Za-z0-9]{0,7}( [A-Za-z0-9&]{1,5}){0,2}", fullmatch=True)
+# Import names the package_name validator refuses as taken (read from copier.yml).
+TAKEN = re.findall(
+    r"'([a-z_]+)'", re.search(r"set taken = \[(.*?)\]", CHOICES["package_name"]["validator"])[1]
+)
+
+
+def derived_package(project_name: str) -> str:
+    """The package_name copier.yml derives from a project name (through its slug)."""
+    return re.sub("[^a-z0-9]+", "-", project_name.lower()).strip("-").replace("-", "_")
+
+
+# project_slug and package_name (derived from it) allow at most 20 characters. A name whose
+# derived package is a keyword ("In") or taken ("Test") is refused by the validator, as it
+# should be: such a name is not an answer the defaults accept.
+project_names = st.from_regex(
+    r"[A-Z][A-Za-z0-9]{0,7}( [A-Za-z0-9&]{1,5}){0,2}", fullmatch=True
+).filter(
+    lambda name: derived_package(name) not in TAKEN and not keyword.iskeyword(derived_package(name))
+)
 LIMIT_KEYS = ["max_concurrent", "requests_per_second", "requests_per_minute", "tokens_per_minute"]
 dollars = st.decimals(min_value=Decimal("0.01"), max_value=Decimal(100000), places=2).map(float)
 
