@@ -146,7 +146,11 @@ async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) 
         return f"{exc}; the jobs stay queued until recovery pushes them"
     try:
         await queue.push_many(
-            [Push(job.id, job.lane, agent=job.agent) for job in found if job is not None]
+            [
+                Push(job.id, job.lane, priority=job.priority, agent=job.agent)
+                for job in found
+                if job is not None
+            ]
         )
     finally:
         await queue.close()

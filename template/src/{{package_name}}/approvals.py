@@ -129,11 +129,11 @@ async def decide(
         raise ApprovalError("a rejection needs --reason TEXT (the job fails with it)")
     now = datetime.now(UTC)
     async with transaction(engine) as conn:
-        lane, state = await _decide(
+        push, state = await _decide(
             conn, job_id, "approved" if approved else "rejected", by=by, reason=reason, now=now
         )
     if state is JobState.QUEUED and queue is not None:
-        await push_resumed(queue, [Push(job_id, lane)])
+        await push_resumed(queue, [push])
     return state
 
 
@@ -157,12 +157,12 @@ async def expire_due(engine: AsyncEngine, *, now: datetime) -> list[Push]:
     for job_id in job_ids:
         try:
             async with transaction(engine) as conn:
-                lane, _ = await _decide(
+                push, _ = await _decide(
                     conn, job_id, "expired", by=EXPIRED_BY, reason=None, now=now
                 )
         except ApprovalError:
             continue  # decided by a person meanwhile
-        pushes.append(Push(job_id, lane))
+        pushes.append(push)
     return pushes
 
 
@@ -192,11 +192,13 @@ async def _decide(
     by: str,
     reason: str | None,
     now: datetime,
-) -> tuple[str, JobState]:
+) -> tuple[Push, JobState]:
+    """Record the decision; returns the job's push (with its agent and priority, for when it
+    is queued) and its new state."""
     # The job's row lock first: a decision and anything else moving the job are serialised.
     job = (
         await conn.execute(
-            select(jobs.c.state, jobs.c.waiting_for, jobs.c.lane)
+            select(jobs.c.state, jobs.c.waiting_for, jobs.c.lane, jobs.c.agent, jobs.c.priority)
             .where(jobs.c.id == job_id)
             .with_for_update()
         )
@@ -231,12 +233,13 @@ async def _decide(
             details={"approval": name, "reason": reason},
             now=now,
         )
+    push = Push(job_id, job.lane, priority=job.priority, agent=job.agent)
     if outcome == "rejected":
         message = f"approval {name!r} rejected by {by}: {reason}"
         await job_store.decline(conn, job_id, reason=message, now=now)
-        return job.lane, JobState.FAILED
+        return push, JobState.FAILED
     await job_store.resume(conn, job_id, now=now)
-    return job.lane, JobState.QUEUED
+    return push, JobState.QUEUED
 
 
 async def _list(conn: AsyncConnection, where: Any, *, limit: int) -> list[Approval]:

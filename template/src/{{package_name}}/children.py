@@ -119,20 +119,21 @@ async def resume_settled(engine: AsyncEngine, *, dry_run: bool = False) -> list[
         async with engine.connect() as conn:
             page = await job_store.waiting_for_children_page(conn, after_id=after, limit=PAGE)
             ready = [
-                (job_id, lane)
-                for job_id, lane in page
+                Push(job_id, lane, priority=priority, agent=agent)
+                for job_id, lane, priority, agent in page
                 if not await job_store.unsettled_children(conn, job_id)
             ]
         if not page:
             return pushes
         after = page[-1][0]
-        for job_id, lane in ready:
+        for push in ready:
             if dry_run:
-                pushes.append(Push(job_id, lane))
+                pushes.append(push)
                 continue
             async with transaction(engine) as conn:
-                if await job_store.resume_if_children_settled(conn, job_id, now=datetime.now(UTC)):
-                    pushes.append(Push(job_id, lane))
+                now = datetime.now(UTC)
+                if await job_store.resume_if_children_settled(conn, push.job_id, now=now):
+                    pushes.append(push)
 
 
 async def cancel(

@@ -546,10 +546,11 @@ async def resume_if_children_settled(
 
 async def waiting_for_children_page(
     conn: AsyncConnection, *, after_id: str, limit: int
-) -> Sequence[tuple[str, str]]:
-    """(id, lane) of jobs `waiting` for their children after `after_id`, in id order."""
+) -> Sequence[tuple[str, str, int, str]]:
+    """(id, lane, priority, agent) of jobs `waiting` for their children after `after_id`, in
+    id order."""
     stmt = (
-        select(jobs.c.id, jobs.c.lane)
+        select(jobs.c.id, jobs.c.lane, jobs.c.priority, jobs.c.agent)
         .where(
             jobs.c.state == JobState.WAITING.value,
             jobs.c.waiting_for == CHILDREN,
@@ -558,7 +559,7 @@ async def waiting_for_children_page(
         .order_by(jobs.c.id)
         .limit(limit)
     )
-    return [(row.id, row.lane) for row in await conn.execute(stmt)]
+    return [(row.id, row.lane, row.priority, row.agent) for row in await conn.execute(stmt)]
 
 
 # Reads ------------------------------------------------------------------------------------

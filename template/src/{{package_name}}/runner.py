@@ -382,7 +382,8 @@ async def push_parent(runtime: Runtime, parent_id: str, jlog: Any) -> None:
     if parent is None or parent.state is not JobState.QUEUED:
         return
     try:
-        await runtime.queue.push_many([Push(parent.id, parent.lane, agent=parent.agent)])
+        push = Push(parent.id, parent.lane, priority=parent.priority, agent=parent.agent)
+        await runtime.queue.push_many([push])
     except QueueUnavailable as exc:
         jlog.warning("parent_not_pushed", parent_id=parent_id, error=str(exc))
 
