@@ -220,7 +220,7 @@ class LaneWorker(Worker):
         await super().close()
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """Start the due jobs among `job_ids` (one read of the queue) while slots are free.
+        """Start the due jobs among `job_ids` (one read of the queue) in the free slots.
 
         Replaces arq's `start_jobs`, keeping what it does per started job: count it, run
         `run_job` in a task kept in `tasks`, free the slot when the task ends.
@@ -228,15 +228,15 @@ class LaneWorker(Worker):
         self._read = len(job_ids)
         if self._starter is None:
             self._starter = Starter(self.pool, self.lane, self.in_progress_timeout_s)
+        # arq calls this only while it may pick jobs and has a free slot. One call either
+        # fills every free slot or looks at every id: nothing is left to retry.
         ids = [job_id.decode() for job_id in job_ids]
-        while ids and self.allow_pick_jobs and self.job_counter < self.max_jobs:
-            looked, started = await self._starter.start(ids, self.max_jobs - self.job_counter)
-            ids = ids[looked:]
-            for job_id, score in started:
-                self.job_counter += 1
-                task = self.loop.create_task(self.run_job(job_id, score))
-                task.add_done_callback(self._job_ended)
-                self.tasks[job_id] = task
+        _, started = await self._starter.start(ids, self.max_jobs - self.job_counter)
+        for job_id, score in started:
+            self.job_counter += 1
+            task = self.loop.create_task(self.run_job(job_id, score))
+            task.add_done_callback(self._job_ended)
+            self.tasks[job_id] = task
 
     def _job_ended(self, _: asyncio.Task[None]) -> None:
         self.job_counter -= 1
