@@ -127,6 +127,45 @@ async def resolve(
     return state
 
 
+async def resolve_cause(
+    settings: Settings,
+    engine: AsyncEngine,
+    cause: str,
+    *,
+    limit: int,
+    outcome: str,
+    approved_by: str,
+    note: str,
+) -> list[tuple[str, JobState]]:
+    """Settle up to `limit` in_doubt jobs of one cause the same way, each audited; each job
+    resolved with its new state (a job another operator settled meanwhile is skipped).
+    Jobs queued again are pushed."""
+    if outcome not in dlq.OUTCOMES:
+        raise dlq.ReplayRefused(f"--outcome must be one of {', '.join(dlq.OUTCOMES)}")
+    if not approved_by or not note:
+        raise dlq.ReplayRefused("resolving in-doubt jobs needs --approved-by NAME and --note TEXT")
+    if limit < 1:
+        raise dlq.ReplayRefused("--limit must be at least 1")
+    async with engine.connect() as conn:
+        found = await dlq.in_doubt_of_cause(conn, cause, limit)
+    resolved: list[tuple[str, JobState]] = []
+    for job in found:
+        try:
+            state = await dlq.resolve(
+                engine,
+                job.id,
+                outcome=outcome,
+                approved_by=approved_by,
+                note=note,
+                budget=budget(job.agent),
+            )
+        except dlq.ReplayRefused:
+            continue  # settled by someone else since it was listed
+        resolved.append((job.id, state))
+    await push(settings, engine, [job_id for job_id, s in resolved if s is JobState.QUEUED])
+    return resolved
+
+
 def budget(agent: str) -> int:
     """A replay's fresh attempts: the agent's own limit, else the answered default."""
     config = catalog.AGENTS.get(agent)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from . import pricing
 from .limits import CallLimits, Grant
 from .paid_calls import Cost, PaidCalls
 from .replies import ReplyFn
@@ -133,7 +134,7 @@ class AgentContext:
         fn: Callable[[], Awaitable[Any]],
         *,
         max_cost_usd: Decimal | str | int,
-        cost_usd: Cost,
+        cost_usd: Cost = None,
         limit: str | None = None,
         tokens: int = 0,
         tokens_used: int | Callable[[Any], int] | None = None,
@@ -141,11 +142,15 @@ class AgentContext:
         """Call a paid provider at most once per job under `name`, within the spend caps.
 
         Reserves `max_cost_usd` first (a missing or spent cap denies the job), then calls
-        `fn()`, records `cost_usd` (a Decimal, or a function of the result) and stores the
-        result; a later attempt gets the stored result back without calling again. With
-        `limit`, the call first waits for its place under that named limit, reserving
+        `fn()`, records its cost and stores the result; a later attempt gets the stored
+        result back (an SDK response as its own type) without calling again. The cost is
+        `cost_usd` (a Decimal, or a function of the result); left out, an OpenAI or Anthropic
+        result is priced from its own model and usage. A provider's 429 sends the job back
+        to wait (no attempt used); its 4xx fails the job, nothing spent (paid_calls.py).
+
+        With `limit`, the call first waits for its place under that named limit, reserving
         `tokens` (an estimate), settled to `tokens_used` (a number, or a function of the
-        result, like `cost_usd`).
+        result; left out, the result's own total tokens).
         """
         if self.paid is None:
             raise RuntimeError("paid_call needs the context the runner gives an agent")
@@ -153,8 +158,11 @@ class AgentContext:
             return await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
         async with self.limit(limit, tokens=tokens) as grant:
             result = await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
-            if tokens_used is not None:
-                grant.used(tokens_used(result) if callable(tokens_used) else tokens_used)
+            used = tokens_used(result) if callable(tokens_used) else tokens_used
+            if used is None:
+                used = pricing.tokens_used(result)
+            if used is not None:
+                grant.used(used)
         return result
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import and_, exists, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, job_store
+from . import audit, job_store, spend
 from .db import transaction
 from .models import attempts, jobs, paid_calls
 from .states import PARKED, JobState
@@ -238,6 +238,10 @@ async def replay(
     return replayed
 
 
+# How an operator may settle an in_doubt job after checking with the provider.
+OUTCOMES = ("completed", "failed", "retry", "not-charged")
+
+
 async def resolve(
     engine: AsyncEngine,
     job_id: str,
@@ -247,10 +251,15 @@ async def resolve(
     note: str,
     budget: int,
 ) -> JobState:
-    """Settle an `in_doubt` job after checking the provider: completed, failed or retry."""
+    """Settle an `in_doubt` job after checking the provider: completed, failed, retry (the
+    provider did not do the work; its reserved cost stays spent) or not-charged (it did not
+    bill: the cost counted for its in-doubt calls is given back, then as retry)."""
+    if outcome not in OUTCOMES:
+        raise ReplayRefused(f"--outcome must be one of {', '.join(OUTCOMES)}")
     if not approved_by or not note:
         raise ReplayRefused("resolving an in-doubt job needs --approved-by NAME and --note TEXT")
     now = datetime.now(UTC)
+    details: dict[str, Any] = {"note": note}
     async with transaction(engine) as conn:
         if outcome == "completed":
             result = {"resolved_by": approved_by, "note": note}
@@ -261,36 +270,54 @@ async def resolve(
                 conn, job_id, reason=f"resolved as failed: {note}", now=now
             )
             to = JobState.FAILED
-        elif outcome == "retry":
-            done = await _retry_in_doubt(conn, job_id, budget=budget, now=now)
-            to = JobState.QUEUED
         else:
-            raise ReplayRefused("--outcome must be completed, failed or retry")
+            refund = outcome == "not-charged"
+            refunded = await _retry_in_doubt(conn, job_id, budget=budget, now=now, refund=refund)
+            done = refunded is not None
+            if refund and refunded is not None:
+                details["refunded_usd"] = str(spend.to_usd(refunded))
+            to = JobState.QUEUED
         if not done:
             raise ReplayRefused(f"job {job_id} is not in_doubt; nothing changed")
         await audit.record(
             conn,
             actor=approved_by,
-            action=f"resolve_{outcome}",
+            action=f"resolve_{outcome.replace('-', '_')}",
             target=job_id,
-            details={"note": note},
+            details=details,
             now=now,
         )
     return to
 
 
+async def in_doubt_of_cause(conn: AsyncConnection, cause: str, limit: int) -> list[ParkedJob]:
+    """Up to `limit` in_doubt jobs of the cause `cause` (an id or a whole cause), oldest first."""
+    return (await parked(conn, state=JobState.IN_DOUBT, cause=cause))[:limit]
+
+
 async def _retry_in_doubt(
-    conn: AsyncConnection, job_id: str, *, budget: int, now: datetime
-) -> bool:
-    # The operator found the provider did not do the work: its in-doubt calls are dropped
-    # (their reserved cost stays counted as spent) so that the retry may call again.
+    conn: AsyncConnection, job_id: str, *, budget: int, now: datetime, refund: bool
+) -> int | None:
+    """Queue an in_doubt job again, dropping its in-doubt calls so the retry may call again;
+    their counted cost stays spent unless `refund`. The micro-dollars given back (0 without
+    refund), or None when the job is not in_doubt."""
     row = (await conn.execute(select(jobs.c.state).where(jobs.c.id == job_id))).first()
     if row is None or row.state != JobState.IN_DOUBT.value:
-        return False
-    await conn.execute(
-        paid_calls.delete().where(paid_calls.c.job_id == job_id, paid_calls.c.state == "in_doubt")
-    )
-    return await job_store.replay(conn, job_id, budget=budget, now=now)
+        return None
+    gone = (
+        await conn.execute(
+            paid_calls.delete()
+            .where(paid_calls.c.job_id == job_id, paid_calls.c.state == "in_doubt")
+            .returning(paid_calls.c.agent, paid_calls.c.day, paid_calls.c.cost_micros)
+        )
+    ).all()
+    refunded = 0
+    for call in gone if refund else ():
+        await spend.refund(conn, agent=call.agent, day=call.day, micros=call.cost_micros or 0)
+        refunded += call.cost_micros or 0
+    if not await job_store.replay(conn, job_id, budget=budget, now=now):
+        return None
+    return refunded
 
 
 async def _parked_page(

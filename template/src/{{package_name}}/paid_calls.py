@@ -1,40 +1,52 @@
 """Paid calls: a checkpoint before and after every call that may cost money
 (template-owned: copier-agent-worker).
 
-`await ctx.paid_call(name, fn, max_cost_usd=..., cost_usd=...)` reserves the maximum cost,
-commits an `open` row, calls `fn`, then settles the real cost and stores the result in a
-`closed` row. On a later attempt of the same job a closed call returns its stored result
-without calling again; an open one means a worker died mid-call, so the charge may have
-happened: the job is parked `in_doubt` and never replayed automatically.
+`await ctx.paid_call(name, fn, max_cost_usd=...)` reserves the maximum cost, commits an
+`open` row, calls `fn`, then settles the real cost and stores the result in a `closed` row.
+On a later attempt of the same job a closed call returns its stored result without calling
+again; an open one means a worker died mid-call, so the charge may have happened: the job is
+parked `in_doubt` and never replayed automatically.
 
-Errors from `fn` are sorted by whether the provider may have charged:
+The cost is `cost_usd` (a Decimal, or a function of the result); left out, an OpenAI or
+Anthropic result is priced from its own model and usage (pricing.result_cost_usd), and a
+result that cannot be priced counts the whole reservation, with a warning. A result that is
+a pydantic model (every SDK response) is stored as JSON and comes back as the same type
+(stored.py).
 
-| error from `fn`                                  | charged? | what happens                       |
-|--------------------------------------------------|----------|------------------------------------|
-| in NOT_CHARGED: `NotCharged`, connection refused | no       | reservation released; normal retry |
-| anything else: timeouts, resets, unknown errors  | maybe    | reserved cost spent; `in_doubt`    |
+Errors from `fn` are sorted by whether the provider may have charged (provider_errors.py
+reads any SDK's errors by status and class name; the whole table is in OPERATIONS):
 
-Extend NOT_CHARGED with your SDK's "rejected before billing" errors (e.g. a 4xx validation
-error) by calling `not_charged(MyError)` at import time. Turn the SDK's own retries off:
-retries happen at the job level, where they are recorded.
+| error from `fn`                                          | charged? | what happens              |
+|----------------------------------------------------------|----------|---------------------------|
+| a provider's 4xx, 429, 529, 500/502/503; never connected | no       | reservation released; the |
+|   `NotCharged`, or a class given to `not_charged()`      |          | error goes to the runner  |
+| timeouts and resets after sending, 504, unknown errors   | maybe    | reserved cost spent;      |
+|                                                          |          | `in_doubt`                |
+
+The original error is raised again, so `except openai.BadRequestError:` around
+`ctx.paid_call` works; the runner then reads it the same way (a 429 waits for Retry-After
+without using an attempt, a 400 fails the job at once, a 500 is retried). Turn the SDK's own
+retries off (`max_retries=0`): retries happen at the job level, where they are recorded.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
+import structlog
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import spend
+from . import pricing, provider_errors, spend, stored
 from .db import transaction
 from .models import paid_calls
 from .upstream import RateLimited
+
+log = structlog.get_logger("paid_calls")
 
 
 class NotCharged(Exception):
@@ -53,12 +65,18 @@ NOT_CHARGED: tuple[type[BaseException], ...] = (NotCharged, ConnectionRefusedErr
 
 
 def not_charged(*errors: type[BaseException]) -> None:
-    """Declare SDK errors that are raised before the provider bills anything."""
+    """Declare errors that are raised before the provider bills anything (for an SDK whose
+    errors carry no HTTP status; provider_errors reads the ones that do)."""
     global NOT_CHARGED
     NOT_CHARGED = NOT_CHARGED + tuple(e for e in errors if e not in NOT_CHARGED)
 
 
-Cost = Decimal | str | int | Callable[[Any], Decimal | str | int]
+Cost = Decimal | str | int | Callable[[Any], Decimal | str | int] | None
+
+
+def charged(exc: BaseException) -> bool:
+    """Whether a call that raised `exc` may have been billed (False: surely not)."""
+    return not isinstance(exc, NOT_CHARGED) and provider_errors.read(exc) is None
 
 
 @dataclass(frozen=True)
@@ -82,8 +100,8 @@ class PaidCalls:
     job_id: str
     agent: str
     attempt: int
-    encode: Callable[[Any], Any] = lambda value: value
-    decode: Callable[[Any], Any] = lambda value: value
+    encode: Callable[[Any], Any] = stored.to_record
+    decode: Callable[[Any], Any] = stored.from_record
     # Told (agent, outcome) of every call: charged, reused, not_charged, in_doubt (metrics).
     observe: Callable[[str, str], None] = lambda agent, outcome: None
 
@@ -93,7 +111,7 @@ class PaidCalls:
         fn: Callable[[], Awaitable[Any]],
         *,
         max_cost_usd: Decimal | str | int,
-        cost_usd: Cost,
+        cost_usd: Cost = None,
     ) -> Any:
         """Run `fn` at most once per job under `name`, within the spend caps."""
         max_micros = spend.to_micros(max_cost_usd)
@@ -119,21 +137,47 @@ class PaidCalls:
             )
         try:
             result = await fn()
-        except NOT_CHARGED:
-            await self._forget(name, max_micros, day)
-            self.observe(self.agent, "not_charged")
-            raise
         except BaseException as exc:
+            if not charged(exc):
+                await self._forget(name, max_micros, day)
+                self.observe(self.agent, "not_charged")
+                raise
             await self._park(name)
             self.observe(self.agent, "in_doubt")
             raise PaidCallInDoubt(
                 f"paid call {name!r} failed with {type(exc).__name__} after it was sent; "
                 "the provider may have charged it"
             ) from exc
-        cost = cost_usd(result) if callable(cost_usd) else cost_usd
-        await self._close(name, max_micros, spend.to_micros(cost), day, self.encode(result))
+        cost_micros = self._cost_micros(name, result, cost_usd, max_micros)
+        try:
+            record = self.encode(result)
+        except stored.Unstorable as exc:
+            await self._park(name, cost_micros=cost_micros)
+            self.observe(self.agent, "in_doubt")
+            raise PaidCallInDoubt(
+                f"paid call {name!r} was charged ${spend.to_usd(cost_micros)}, but {exc}; "
+                "return a dict or the SDK's response object from fn"
+            ) from exc
+        await self._close(name, max_micros, cost_micros, day, record)
         self.observe(self.agent, "charged")
         return result
+
+    def _cost_micros(self, name: str, result: Any, cost_usd: Cost, max_micros: int) -> int:
+        """The call's cost: given, or priced from the result; an unpriced result counts the
+        whole reservation (never zero)."""
+        if cost_usd is not None:
+            return spend.to_micros(cost_usd(result) if callable(cost_usd) else cost_usd)
+        try:
+            return spend.to_micros(pricing.result_cost_usd(result))
+        except pricing.UnknownPrice as exc:
+            log.warning(
+                "paid_call_not_priced",
+                job_id=self.job_id,
+                call=name,
+                reason=str(exc),
+                counted_usd=str(spend.to_usd(max_micros)),
+            )
+            return max_micros
 
     async def is_settled(self, name: str) -> bool:
         """Whether the call `name` of this job already has its stored result."""
@@ -165,7 +209,6 @@ class PaidCalls:
     async def _close(
         self, name: str, max_micros: int, cost_micros: int, day: date, result: Any
     ) -> None:
-        json.dumps(result)  # refuse a result that cannot be stored before touching the row
         async with transaction(self.engine) as conn:
             await conn.execute(
                 update(paid_calls)
@@ -196,22 +239,30 @@ class PaidCalls:
             )
             await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
 
-    async def _park(self, name: str) -> None:
+    async def _park(self, name: str, cost_micros: int | None = None) -> None:
         async with transaction(self.engine) as conn:
-            await park_open_calls(conn, self.job_id, only=name)
+            await park_open_calls(conn, self.job_id, only=name, cost_micros=cost_micros)
 
 
-async def park_open_calls(conn: AsyncConnection, job_id: str, only: str | None = None) -> int:
-    """Mark a job's open calls `in_doubt` and count their whole reservation as spent."""
+async def park_open_calls(
+    conn: AsyncConnection, job_id: str, only: str | None = None, cost_micros: int | None = None
+) -> int:
+    """Mark a job's open calls `in_doubt` and count their whole reservation as spent (or
+    `cost_micros`, when the call's cost is known but its result could not be stored)."""
     stmt = (
         update(paid_calls)
         .where(paid_calls.c.job_id == job_id, paid_calls.c.state == "open")
         .values(
             state="in_doubt",
-            cost_micros=paid_calls.c.max_cost_micros,
+            cost_micros=paid_calls.c.max_cost_micros if cost_micros is None else cost_micros,
             finished_at=datetime.now(UTC),
         )
-        .returning(paid_calls.c.agent, paid_calls.c.day, paid_calls.c.max_cost_micros)
+        .returning(
+            paid_calls.c.agent,
+            paid_calls.c.day,
+            paid_calls.c.max_cost_micros,
+            paid_calls.c.cost_micros,
+        )
     )
     if only is not None:
         stmt = stmt.where(paid_calls.c.name == only)
@@ -222,7 +273,7 @@ async def park_open_calls(conn: AsyncConnection, job_id: str, only: str | None =
             agent=row.agent,
             day=row.day,
             reserved_micros=row.max_cost_micros,
-            cost_micros=row.max_cost_micros,
+            cost_micros=row.cost_micros,
         )
     return len(rows)
 

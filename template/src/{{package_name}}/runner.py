@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store, paid_calls, recovery, replies, spend, tracing, waiting
+from . import job_store, paid_calls, provider_errors, recovery, replies, spend, tracing, waiting
 from .agent import Agent, AgentContext, RetryLater, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
@@ -249,17 +249,33 @@ def decide(
         return Outcome("denied", error=error)
     if isinstance(exc, PaidCallInDoubt):
         return Outcome("in_doubt", error=error)
-    if isinstance(exc, RateLimited):
+    verdict = provider_errors.read(exc)
+    if isinstance(exc, RateLimited) or (verdict is not None and verdict.next == "wait"):
         if job.deferrals >= policy.max_deferrals:
             why = f"rate limited for too long: sent back {job.deferrals} times; last: {exc}"
             return Outcome("dead_lettered", error=job_store.ErrorInfo("RateLimited", why))
-        return Outcome("deferred", error=error, delay_s=exc.after_s)
-    if is_permanent(exc, permanent):
+        return Outcome("deferred", error=error, delay_s=wait_s(policy, job, exc, verdict))
+    if is_permanent(exc, permanent) or (verdict is not None and verdict.next == "fail"):
         return Outcome("failed", error=error)
     if policy.exhausted(job.attempts, job.max_attempts):
         return Outcome("dead_lettered", error=error)
     delay = exc.after_s if isinstance(exc, RetryLater) else policy.delay(job.attempts)
     return Outcome("retry", error=error, delay_s=delay)
+
+
+def wait_s(
+    policy: RetryPolicy,
+    job: job_store.Job,
+    exc: BaseException,
+    verdict: provider_errors.Verdict | None,
+) -> float:
+    """How long a rate-limited job waits: what the upstream asked for, else a backoff over
+    the job's deferrals so far."""
+    if isinstance(exc, RateLimited):
+        return exc.after_s
+    if verdict is not None and verdict.after_s is not None:
+        return verdict.after_s
+    return policy.delay(job.deferrals + 1)
 
 
 async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:

@@ -125,6 +125,11 @@ async def release(conn: AsyncConnection, *, agent: str, day: date, reserved_micr
     await settle(conn, agent=agent, day=day, reserved_micros=reserved_micros, cost_micros=0)
 
 
+async def refund(conn: AsyncConnection, *, agent: str, day: date, micros: int) -> None:
+    """Take back spend counted for a call the provider did not bill (an operator checked)."""
+    await settle(conn, agent=agent, day=day, reserved_micros=0, cost_micros=-micros)
+
+
 async def has_cap(conn: AsyncConnection, agent: str) -> bool:
     return agent in await _caps(conn, [agent])
 

@@ -198,29 +198,60 @@ def dlq_replay(
 
 @dlq_app.command("resolve")
 def dlq_resolve(
-    job_id: str,
-    outcome: Annotated[str, typer.Option(help="completed, failed or retry.")],
+    job_id: Annotated[str | None, typer.Argument(help="The in_doubt job (or use --cause).")] = None,
+    outcome: Annotated[str, typer.Option(help="completed, failed, retry or not-charged.")] = "",
     approved_by: ApprovedBy = None,
     note: Annotated[str | None, typer.Option(help="What the provider showed (required).")] = None,
+    cause: Annotated[
+        str | None, typer.Option(help="Resolve in_doubt jobs of this cause id instead.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="With --cause: at most this many.")] = None,
 ) -> None:
-    """Settle an in_doubt job after checking with the provider."""
-    if outcome not in {"completed", "failed", "retry"}:
-        fail(f"--outcome must be completed, failed or retry (got {outcome!r})")
+    """Settle in_doubt jobs after checking with the provider: one by id, or a cause's.
+
+    not-charged: the provider did not bill, so the cost counted for the job's in-doubt calls
+    is given back and the job is queued again (as retry, which keeps that cost spent).
+    """
+    if outcome not in dlq.OUTCOMES:
+        fail(f"--outcome must be one of {', '.join(dlq.OUTCOMES)} (got {outcome!r})")
     if not approved_by or not note:
         fail("resolving an in-doubt job needs --approved-by NAME and --note TEXT")
+    if (job_id is None) == (cause is None):
+        fail("name one in_doubt job, or a cause with --cause ID --limit N (not both)")
+    if cause is not None and (limit is None or limit < 1):
+        fail("--cause needs --limit N (at least 1): how many of its jobs to resolve")
     settings = load_settings()
 
-    async def go() -> JobState:
+    async def go() -> list[tuple[str, JobState]]:
         engine = create_engine(settings)
         try:
-            return await actions.resolve(
-                settings, engine, job_id, outcome=outcome, approved_by=approved_by, note=note
+            if cause is not None:
+                return await actions.resolve_cause(
+                    settings,
+                    engine,
+                    cause,
+                    limit=limit or 0,
+                    outcome=outcome,
+                    approved_by=approved_by or "",
+                    note=note or "",
+                )
+            state = await actions.resolve(
+                settings,
+                engine,
+                job_id or "",
+                outcome=outcome,
+                approved_by=approved_by or "",
+                note=note or "",
             )
+            return [(job_id or "", state)]
         finally:
             await engine.dispose()
 
     try:
-        state = run(go(), settings)
+        resolved = run(go(), settings)
     except dlq.ReplayRefused as exc:
         fail(str(exc))
-    typer.echo(f"job {job_id} is now {state.value}")
+    if cause is not None and not resolved:
+        fail(f"no in_doubt job has cause {cause}; see `dlq causes`")
+    for resolved_id, state in resolved:
+        typer.echo(f"job {resolved_id} is now {state.value}")

@@ -163,12 +163,7 @@ async def resolve_job(request: Request, services: Services, principal: Principal
     """Settle an in_doubt job: outcome completed, failed or retry, with a note."""
     job_id = request.path_params["job_id"]
     body = await _json_object(request, ("outcome", "note"))
-    outcome = body.get("outcome")
-    if outcome not in {"completed", "failed", "retry"}:
-        raise ApiError(400, '"outcome" must be "completed", "failed" or "retry"')
-    note = _optional_str(body, "note", 2000)
-    if not note:
-        raise ApiError(400, 'give "note": what the provider showed')
+    outcome, note = _resolution(body)
     try:
         state = await actions.resolve(
             services.settings,
@@ -181,6 +176,17 @@ async def resolve_job(request: Request, services: Services, principal: Principal
     except dlq.ReplayRefused:
         await _conflict_or_missing(services, job_id, "is not in_doubt")
     return JSONResponse({"id": job_id, "state": state.value})
+
+
+def _resolution(body: dict[str, Any]) -> tuple[str, str]:
+    """The outcome and note of a resolution; ApiError(400) when invalid."""
+    outcome = body.get("outcome")
+    if outcome not in dlq.OUTCOMES:
+        raise ApiError(400, '"outcome" must be one of ' + ", ".join(f'"{o}"' for o in dlq.OUTCOMES))
+    note = _optional_str(body, "note", 2000)
+    if not note:
+        raise ApiError(400, 'give "note": what the provider showed')
+    return outcome, note
 
 
 # Dead letters ----------------------------------------------------------------------------
@@ -217,6 +223,31 @@ async def dlq_replay(request: Request, services: Services, principal: Principal)
         first = outcome.plan.skipped[0]
         out["error"] = f"no job was replayed; {first[0]}: {first[1]}"
         return JSONResponse(out, status_code=409)
+    return JSONResponse(out)
+
+
+@endpoint(Role.OPERATOR)
+async def dlq_resolve(request: Request, services: Services, principal: Principal) -> Response:
+    """Settle up to `limit` in_doubt jobs of one cause the same way (audited per job)."""
+    body = await _json_object(request, ("cause_id", "limit", "outcome", "note"))
+    cause, limit = body.get("cause_id"), body.get("limit")
+    if not isinstance(cause, str) or not cause:
+        raise ApiError(400, 'give "cause_id": a cause id from /api/dlq/causes')
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ApiError(400, '"limit" must be a whole number of jobs, 1 or more')
+    outcome, note = _resolution(body)
+    resolved = await actions.resolve_cause(
+        services.settings,
+        services.engine,
+        cause,
+        limit=limit,
+        outcome=outcome,
+        approved_by=principal.name,
+        note=note,
+    )
+    out = {"resolved": [{"id": job_id, "state": state.value} for job_id, state in resolved]}
+    if not resolved:
+        return JSONResponse({**out, "error": f"no in_doubt job has cause {cause}"}, 409)
     return JSONResponse(out)
 
 
@@ -374,6 +405,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}", get_job, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
+        Route("/dlq/resolve", dlq_resolve, methods=["POST"]),
         Route("/dlq/causes", dlq_causes, methods=["GET"]),
         Route("/dlq/replay", dlq_replay, methods=["POST"]),
         Route("/approvals", list_approvals, methods=["GET"]),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dlq import OUTCOMES
+
 _ERROR = {"$ref": "#/components/responses/Error"}
 _ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR}
 
@@ -37,6 +39,7 @@ def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 _JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _STR = {"type": "string"}
+_OUTCOME = {"enum": list(OUTCOMES)}
 _404 = {"404": _ERROR}
 _409 = {"409": _ERROR}
 
@@ -124,11 +127,25 @@ OPENAPI: dict[str, Any] = {
                 "Settle an in_doubt job (audited).",
                 "operator",
                 parameters=_JOB_ID,
-                requestBody=_body(
-                    {"outcome": {"enum": ["completed", "failed", "retry"]}, "note": _STR},
-                    ["outcome", "note"],
-                ),
+                requestBody=_body({"outcome": _OUTCOME, "note": _STR}, ["outcome", "note"]),
                 responses={**_404, **_409},
+            )
+        },
+        "/api/dlq/resolve": {
+            "post": _op(
+                "Settle up to limit in_doubt jobs of one cause the same way (audited per job). "
+                "not-charged gives back the cost counted for their in-doubt calls.",
+                "operator",
+                requestBody=_body(
+                    {
+                        "cause_id": _STR,
+                        "limit": {"type": "integer", "minimum": 1},
+                        "outcome": _OUTCOME,
+                        "note": _STR,
+                    },
+                    ["cause_id", "limit", "outcome", "note"],
+                ),
+                responses=_409,
             )
         },
         "/api/dlq/causes": {"get": _op("Parked jobs grouped by cause.", "viewer")},

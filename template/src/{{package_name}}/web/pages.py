@@ -359,7 +359,7 @@ async def resolve_job(
     job_id = request.path_params["job_id"]
     form = await request.form()
     outcome, note = form.get("outcome"), str(form.get("note") or "").strip()
-    if outcome not in {"completed", "failed", "retry"} or not note:
+    if outcome not in dlq.OUTCOMES or not note:
         raise Denied(400, "choose an outcome and write a note saying what the provider showed")
     try:
         state = await actions.resolve(
@@ -392,8 +392,36 @@ async def dlq_page(
         session=session,
         groups=groups,
         in_doubt=in_doubt,
+        outcomes=dlq.OUTCOMES,
         message=request.query_params.get("message"),
     )
+
+
+@page(Role.OPERATOR)
+async def dlq_resolve(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    """Settle up to `limit` in_doubt jobs of one cause, approved by the session's token."""
+    form = await request.form()
+    cause, limit_text = str(form.get("cause_id") or ""), str(form.get("limit") or "")
+    outcome, note = str(form.get("outcome") or ""), str(form.get("note") or "").strip()
+    if not cause or not limit_text.isdigit() or int(limit_text) < 1:
+        return _back("/dlq", "resolving needs a cause and a limit: a whole number, 1 or more")
+    if outcome not in dlq.OUTCOMES or not note:
+        return _back("/dlq", "choose an outcome and write a note saying what the provider showed")
+    try:
+        resolved = await actions.resolve_cause(
+            services.settings,
+            services.engine,
+            cause,
+            limit=int(limit_text),
+            outcome=outcome,
+            approved_by=principal.name,
+            note=note,
+        )
+    except dlq.ReplayRefused as exc:
+        return _back("/dlq", str(exc))
+    return _back("/dlq", f"resolved {len(resolved)} in-doubt job(s) as {outcome}")
 
 
 @page(Role.OPERATOR)
@@ -494,6 +522,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}", job_page, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
+        Route("/dlq/resolve", dlq_resolve, methods=["POST"]),
         Route("/dlq", dlq_page, methods=["GET"]),
         Route("/dlq/replay", dlq_replay, methods=["POST"]),
         Route("/caps", caps_page, methods=["GET"]),
