@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from decimal import Decimal
+from enum import Enum
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -69,6 +70,16 @@ class AgentConfig:
     # Jobs of this agent running at once across every worker, and per owner (limits.py).
     max_concurrent: int | None = None
     max_concurrent_per_owner: int | None = None
+    # The named limit its paid calls wait for unless they name another (the answer `limit`).
+    limit: str | None = None
+
+
+class _AgentLimit(Enum):
+    AGENT = "the agent's limit"
+
+
+# `ctx.paid_call(limit=AGENT_LIMIT)`, the default: the limit of the agent's settings, if any.
+AGENT_LIMIT = _AgentLimit.AGENT
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class AgentContext:
     durable: Durable | None = None
     limits: CallLimits | None = None
     deadline: float | None = None  # the event loop's time when the job's timeout ends
+    default_limit: str | None = None  # the agent's `limit`: what paid calls wait for
 
     async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Run `fn()` once per job under `name` and return its JSON result; every later run
@@ -135,7 +147,7 @@ class AgentContext:
         *,
         max_cost_usd: Decimal | str | int,
         cost_usd: Cost = None,
-        limit: str | None = None,
+        limit: str | Literal[_AgentLimit.AGENT] | None = AGENT_LIMIT,
         tokens: int = 0,
         tokens_used: int | Callable[[Any], int] | None = None,
     ) -> Any:
@@ -148,12 +160,15 @@ class AgentContext:
         result is priced from its own model and usage. A provider's 429 sends the job back
         to wait (no attempt used); its 4xx fails the job, nothing spent (paid_calls.py).
 
-        With `limit`, the call first waits for its place under that named limit, reserving
-        `tokens` (an estimate), settled to `tokens_used` (a number, or a function of the
-        result; left out, the result's own total tokens).
+        With `limit` (by default the agent's own, from its settings; None for none), the call
+        first waits for its place under that named limit, reserving `tokens` (an estimate),
+        settled to `tokens_used` (a number, or a function of the result; left out, the
+        result's own total tokens).
         """
         if self.paid is None:
             raise RuntimeError("paid_call needs the context the runner gives an agent")
+        if limit is _AgentLimit.AGENT:
+            limit = self.default_limit
         if limit is None or await self.paid.is_settled(name):
             return await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
         async with self.limit(limit, tokens=tokens) as grant:

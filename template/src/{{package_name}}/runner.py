@@ -222,6 +222,7 @@ async def call_agent(
         durable=durable,
         limits=runtime.call_limits,
         deadline=deadline,
+        default_limit=agent.config.limit,
     )
     heartbeat = Heartbeat(runtime, job, jlog, admission)
     try:
