@@ -74,12 +74,12 @@ class AgentConfig:
     limit: str | None = None
 
 
-class _AgentLimit(Enum):
+class AgentLimit(Enum):
     AGENT = "the agent's limit"
 
 
 # `ctx.paid_call(limit=AGENT_LIMIT)`, the default: the limit of the agent's settings, if any.
-AGENT_LIMIT = _AgentLimit.AGENT
+AGENT_LIMIT = AgentLimit.AGENT
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class AgentContext:
         *,
         max_cost_usd: Decimal | str | int,
         cost_usd: Cost = None,
-        limit: str | Literal[_AgentLimit.AGENT] | None = AGENT_LIMIT,
+        limit: str | Literal[AgentLimit.AGENT] | None = AGENT_LIMIT,
         tokens: int = 0,
         tokens_used: int | Callable[[Any], int] | None = None,
     ) -> Any:
@@ -167,7 +167,7 @@ class AgentContext:
         """
         if self.paid is None:
             raise RuntimeError("paid_call needs the context the runner gives an agent")
-        if limit is _AgentLimit.AGENT:
+        if limit is AgentLimit.AGENT:
             limit = self.default_limit
         if limit is None or await self.paid.is_settled(name):
             return await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)

@@ -20,7 +20,8 @@ Format = Literal["json", "console", "people"]
 # arq logs two lines per job (start, end) and one health line per minute, at info; the
 # runner's own lines say what a person needs, so arq's are shown from warning up unless
 # debug logs were asked for.
-QUIET_LOGGERS = ("arq",)
+# arq logs every job; the model SDKs' HTTP clients log every request (paid calls are logged here).
+QUIET_LOGGERS = ("arq", "httpx", "httpx2")
 
 
 def configure(fmt: Format = "json", level: int = logging.INFO) -> None:

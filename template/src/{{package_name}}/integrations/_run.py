@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from .. import pricing
-from ..agent import AgentContext
+from ..agent import AGENT_LIMIT, AgentContext, AgentLimit
 from ..steps import NAME_MAX
 
 log = structlog.get_logger("integrations")
@@ -28,7 +28,7 @@ class DurableRun:
 
     ctx: AgentContext
     max_cost_usd: Decimal
-    limit: str | None = None
+    limit: str | Literal[AgentLimit.AGENT] | None = AGENT_LIMIT
     tokens: int = 0
     prefix: str = ""
     requests: int = 0
@@ -70,7 +70,7 @@ class DurableRun:
             cost_usd=price,
             limit=self.limit,
             tokens=self.tokens,
-            tokens_used=tokens_used if self.limit is not None else None,
+            tokens_used=tokens_used,
         )
         return result
 

@@ -50,7 +50,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from agents import (
     Agent,
@@ -74,7 +74,7 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from ..agent import AgentContext
+from ..agent import AGENT_LIMIT, AgentContext, AgentLimit
 from ._run import DurableRun
 
 __all__ = ["DurableAgent", "durable"]
@@ -86,14 +86,15 @@ def durable(
     agent: Agent[Any],
     *,
     max_cost_usd: Decimal | str | int,
-    limit: str | None = None,
+    limit: str | Literal[AgentLimit.AGENT] | None = AGENT_LIMIT,
     tokens: int = 0,
     name: str | None = None,
 ) -> DurableAgent:
     """`agent`, ready to run durably inside a job: `await durable(agent, ...).run(ctx, prompt)`.
 
     `max_cost_usd` is reserved for each model request; `limit` names the limit each request
-    waits under, reserving `tokens` (an estimate) and settling the response's real tokens.
+    waits under (by default the agent's own, the answer `limit`; None for none), reserving
+    `tokens` (an estimate) and settling the response's real tokens.
     """
     return DurableAgent(agent, Decimal(max_cost_usd), limit, tokens, f"{name}:" if name else "")
 
@@ -104,7 +105,7 @@ class DurableAgent:
 
     agent: Agent[Any]
     max_cost_usd: Decimal
-    limit: str | None = None
+    limit: str | Literal[AgentLimit.AGENT] | None = AGENT_LIMIT
     tokens: int = 0
     prefix: str = ""
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.agent import AgentRunResult
@@ -56,7 +56,7 @@ from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import to_jsonable_python
 
-from ..agent import AgentContext
+from ..agent import AGENT_LIMIT, AgentContext, AgentLimit
 from ._run import DurableRun
 
 __all__ = ["DurableAgent", "durable"]
@@ -66,14 +66,15 @@ def durable(
     agent: Agent[Any, Any],
     *,
     max_cost_usd: Decimal | str | int,
-    limit: str | None = None,
+    limit: str | Literal[AgentLimit.AGENT] | None = AGENT_LIMIT,
     tokens: int = 0,
     name: str | None = None,
 ) -> DurableAgent:
     """`agent`, ready to run durably inside a job: `await durable(agent, ...).run(ctx, prompt)`.
 
     `max_cost_usd` is reserved for each model request; `limit` names the limit each request
-    waits under, reserving `tokens` (an estimate) and settling the response's real tokens.
+    waits under (by default the agent's own, the answer `limit`; None for none), reserving
+    `tokens` (an estimate) and settling the response's real tokens.
     """
     return DurableAgent(agent, Decimal(max_cost_usd), limit, tokens, f"{name}:" if name else "")
 
@@ -84,7 +85,7 @@ class DurableAgent:
 
     agent: Agent[Any, Any]
     max_cost_usd: Decimal
-    limit: str | None = None
+    limit: str | Literal[AgentLimit.AGENT] | None = AGENT_LIMIT
     tokens: int = 0
     prefix: str = ""
 
