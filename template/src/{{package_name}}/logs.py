@@ -19,8 +19,8 @@ import structlog
 Format = Literal["json", "console", "people"]
 # arq logs two lines per job (start, end) and one health line per minute, at info; the
 # runner's own lines say what a person needs, so arq's are shown from warning up unless
-# debug logs were asked for.
-# arq logs every job; the model SDKs' HTTP clients log every request (paid calls are logged here).
+# debug logs were asked for. The model SDKs' HTTP clients (httpx, httpx2) log every request
+# at info; the paid calls are in the job's own records, so those are quiet too.
 QUIET_LOGGERS = ("arq", "httpx", "httpx2")
 
 
