@@ -4,19 +4,25 @@ both extras, `pydantic-ai` and `openai-agents`.
 `framework_pydantic_ai` and `framework_openai_agents` (paid) run a real Pydantic AI / Agents SDK
 agent durably (`integrations.*.durable`) against the fake provider at
 <PACKAGE>_FAKE_MODELS_URL (`testing.FakeModels.url`), with two tools, `lookup(q)`
-and `fetch(url)`, each recording every completed execution in `testing.PROVIDER`'s ledger as
-JOB:tool:NAME. Enable them with `AGENT_MODULES=["<package>.integrations.testing"]`.
+and `fetch(url)`, each recording in `testing.PROVIDER`'s ledger every execution it starts, as
+JOB:tool_started:NAME, and every one it completes, as JOB:tool:NAME. Enable them with
+`AGENT_MODULES=["<package>.integrations.testing"]`.
 
     {"prompt": "Look it up", "max_cost_usd": "0.05"}
     {"prompt": "Look it up", "max_cost_usd": "0.05", "fail_in": "fetch", "limit": "llm"}
+    {"prompt": "Look it up", "max_cost_usd": "0.05", "block_in": "fetch"}
 
-"fail_in" makes that tool raise `ScriptedFailure` on attempt 1 (before recording), so the job
-is retried after the tools before it completed. The result is {"output": the agent's final
-text, "attempt": n}. Importing this module turns the Agents SDK's tracing export off.
+"fail_in" makes that tool raise `ScriptedFailure` on attempt 1 (before it completes), so the
+job is retried after the tools before it completed. "block_in" makes that tool's first
+execution of the job block (for an hour: until its worker is killed) and later ones run at
+once; "first" is read from the ledger, so it holds across worker processes. The result is
+{"output": the agent's final text, "attempt": n}. Importing this module turns the Agents
+SDK's tracing export off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from decimal import Decimal
 from typing import Any
@@ -50,6 +56,8 @@ AGENTS = {
 }
 EXAMPLE_PAYLOAD = {"prompt": "Look it up", "max_cost_usd": "0.05"}
 INSTRUCTIONS = "Look the question up, fetch the page, then answer in one line."
+# How long a "block_in" tool blocks on its first execution: longer than any test waits.
+BLOCK_S = 3600.0
 
 
 async def run(ctx: AgentContext, payload: dict[str, Any]) -> dict[str, Any]:
@@ -79,8 +87,13 @@ async def run(ctx: AgentContext, payload: dict[str, Any]) -> dict[str, Any]:
     return {"output": output, "attempt": ctx.attempt}
 
 
-def _tool(ctx: AgentContext, payload: dict[str, Any], name: str, value: str) -> str:
-    """What both frameworks' tools do: fail on attempt 1 when asked, else record and answer."""
+async def _tool(ctx: AgentContext, payload: dict[str, Any], name: str, value: str) -> str:
+    """What both frameworks' tools do: record the start; block the first execution or fail on
+    attempt 1 when asked; else record the completion and answer."""
+    started = f"{ctx.job_id}:tool_started:{name}"
+    PROVIDER._record(started)
+    if payload.get("block_in") == name and PROVIDER.counts()[started] == 1:
+        await asyncio.sleep(BLOCK_S)
     if payload.get("fail_in") == name and ctx.attempt == 1:
         raise ScriptedFailure(f"scripted failure in tool {name} on attempt 1")
     PROVIDER._record(f"{ctx.job_id}:tool:{name}")
@@ -93,13 +106,13 @@ PYDANTIC_AGENT = Agent(deps_type=tuple[AgentContext, dict[str, Any]], instructio
 @PYDANTIC_AGENT.tool
 async def lookup(rc: RunContext[tuple[AgentContext, dict[str, Any]]], q: str) -> str:
     """Look `q` up."""
-    return _tool(*rc.deps, "lookup", q)
+    return await _tool(*rc.deps, "lookup", q)
 
 
 @PYDANTIC_AGENT.tool
 async def fetch(rc: RunContext[tuple[AgentContext, dict[str, Any]]], url: str) -> str:
     """Fetch the page at `url`."""
-    return _tool(*rc.deps, "fetch", url)
+    return await _tool(*rc.deps, "fetch", url)
 
 
 # failure_error_function=None: a tool's error leaves the run (by default the SDK would hand it
@@ -107,10 +120,10 @@ async def fetch(rc: RunContext[tuple[AgentContext, dict[str, Any]]], url: str) -
 @function_tool(name_override="lookup", failure_error_function=None)
 async def sdk_lookup(w: RunContextWrapper[tuple[AgentContext, dict[str, Any]]], q: str) -> str:
     """Look `q` up."""
-    return _tool(*w.context, "lookup", q)
+    return await _tool(*w.context, "lookup", q)
 
 
 @function_tool(name_override="fetch", failure_error_function=None)
 async def sdk_fetch(w: RunContextWrapper[tuple[AgentContext, dict[str, Any]]], url: str) -> str:
     """Fetch the page at `url`."""
-    return _tool(*w.context, "fetch", url)
+    return await _tool(*w.context, "fetch", url)
