@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from . import pricing
 from .limits import CallLimits, Grant
 from .paid_calls import Cost, PaidCalls
 from .replies import ReplyFn
@@ -175,7 +174,9 @@ class AgentContext:
             result = await self.paid.call(name, fn, max_cost_usd=max_cost_usd, cost_usd=cost_usd)
             used = tokens_used(result) if callable(tokens_used) else tokens_used
             if used is None:
-                used = pricing.tokens_used(result)
+                from .pricing import tokens_used as of_usage  # loads the price table: lazily
+
+                used = of_usage(result)
             if used is not None:
                 grant.used(used)
         return result

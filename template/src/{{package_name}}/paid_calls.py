@@ -41,7 +41,7 @@ import structlog
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import pricing, provider_errors, spend, stored
+from . import provider_errors, spend, stored
 from .db import transaction
 from .models import paid_calls
 from .upstream import RateLimited
@@ -167,6 +167,8 @@ class PaidCalls:
         whole reservation (never zero)."""
         if cost_usd is not None:
             return spend.to_micros(cost_usd(result) if callable(cost_usd) else cost_usd)
+        from . import pricing  # the price table loads on the first call that needs it
+
         try:
             return spend.to_micros(pricing.result_cost_usd(result))
         except pricing.UnknownPrice as exc:
