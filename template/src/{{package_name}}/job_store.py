@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, insert, or_, select, update
+from sqlalchemy import Select, and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -670,16 +670,30 @@ async def count_expired_leases(conn: AsyncConnection, *, now: datetime) -> int:
 def _due_since() -> Any:
     """When a `queued` row became due: its run_after, or when it entered `queued` (every
     move sets updated_at) if that is later or there is no run_after."""
-    return case(
-        (jobs.c.run_after > jobs.c.updated_at, jobs.c.run_after), else_=jobs.c.updated_at
-    )
+    return case((jobs.c.run_after > jobs.c.updated_at, jobs.c.run_after), else_=jobs.c.updated_at)
 
 
 async def oldest_queued(conn: AsyncConnection, *, now: datetime) -> dict[str, datetime]:
     """Per lane, since when its longest-waiting due `queued` job has been due. Jobs whose
     run_after is still ahead (delayed, backing off, deferred) are not waiting yet: see
-    `scheduled_counts`. Reads only `queued` rows, through the (state, lane) index."""
-    rows = await conn.execute(
+    `scheduled_counts`."""
+    rows = await conn.execute(oldest_queued_query(now))
+    return {lane: _utc(since) for lane, since in rows if since is not None}
+
+
+async def scheduled_counts(conn: AsyncConnection, *, now: datetime) -> dict[str, int]:
+    """Per lane, how many `queued` jobs are not due yet (run_after in the future: a delayed
+    submit, a retry backing off, a rate-limit deferral)."""
+    return {lane: int(count) for lane, count in await conn.execute(scheduled_query(now))}
+
+
+# `/metrics` runs these two every few seconds: each reads `queued` rows only, through the
+# (state, lane) index, never the whole table (tests/integration/test_delay_priority.py).
+
+
+def oldest_queued_query(now: datetime) -> Select[Any]:
+    """(lane, due since) of the due `queued` rows, grouped by lane."""
+    return (
         select(jobs.c.lane, func.min(_due_since()))
         .where(
             jobs.c.state == JobState.QUEUED.value,
@@ -687,19 +701,21 @@ async def oldest_queued(conn: AsyncConnection, *, now: datetime) -> dict[str, da
         )
         .group_by(jobs.c.lane)
     )
-    return {lane: _utc(since) for lane, since in rows if since is not None}
 
 
-async def scheduled_counts(conn: AsyncConnection, *, now: datetime) -> dict[str, int]:
-    """Per lane, how many `queued` jobs are not due yet (run_after in the future: a delayed
-    submit, a retry backing off, a rate-limit deferral). Reads only `queued` rows, through
-    the (state, lane) index."""
-    rows = await conn.execute(
+def scheduled_query(now: datetime) -> Select[Any]:
+    """(lane, count) of the `queued` rows not due yet, grouped by lane."""
+    return (
         select(jobs.c.lane, func.count())
         .where(jobs.c.state == JobState.QUEUED.value, jobs.c.run_after > now)
         .group_by(jobs.c.lane)
     )
-    return {lane: int(count) for lane, count in rows}
+
+
+def _due_since() -> Any:
+    """When a `queued` row became due: its run_after, or when it entered `queued` (every
+    move sets updated_at) if that is later or there is no run_after."""
+    return case((jobs.c.run_after > jobs.c.updated_at, jobs.c.run_after), else_=jobs.c.updated_at)
 
 
 async def prune(engine: Any, *, finished_before: datetime, states: frozenset[JobState]) -> int:

@@ -277,7 +277,9 @@ def _why_waiting(job: job_store.Job, now: datetime) -> str:
     a deferral: scheduled, not stuck), an approval or children, else its last error."""
     due = job.scheduled_for(now)
     if due is not None:
-        return f"scheduled for {short_time(due)}" + (f"; {job.last_error}" if job.last_error else "")
+        return f"scheduled for {short_time(due)}" + (
+            f"; {job.last_error}" if job.last_error else ""
+        )
     if job.waiting_for:
         return f"waiting for {job.waiting_for}"
     return job.last_error or ""

@@ -109,4 +109,3 @@ def _show_caps(when: date, as_json: bool) -> None:
     for name, config in catalog.AGENTS.items():
         if config.paid and name not in capped:
             typer.echo(f"paid agent {name} has no cap: every job of it is denied (`caps set`)")
-

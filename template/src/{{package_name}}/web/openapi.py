@@ -107,7 +107,11 @@ OPENAPI: dict[str, Any] = {
                         "agent": _STR,
                         "payload": {"type": "object"},
                         "owner": _STR,
-                        "delay_s": {"type": ["number", "null"], "minimum": 0, "maximum": MAX_DELAY_S},
+                        "delay_s": {
+                            "type": ["number", "null"],
+                            "minimum": 0,
+                            "maximum": MAX_DELAY_S,
+                        },
                         "priority": {"enum": [*PRIORITIES, None]},
                     },
                     ["agent", "payload"],
