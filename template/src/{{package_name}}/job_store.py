@@ -667,12 +667,6 @@ async def count_expired_leases(conn: AsyncConnection, *, now: datetime) -> int:
     return int(await conn.scalar(stmt) or 0)
 
 
-def _due_since() -> Any:
-    """When a `queued` row became due: its run_after, or when it entered `queued` (every
-    move sets updated_at) if that is later or there is no run_after."""
-    return case((jobs.c.run_after > jobs.c.updated_at, jobs.c.run_after), else_=jobs.c.updated_at)
-
-
 async def oldest_queued(conn: AsyncConnection, *, now: datetime) -> dict[str, datetime]:
     """Per lane, since when its longest-waiting due `queued` job has been due. Jobs whose
     run_after is still ahead (delayed, backing off, deferred) are not waiting yet: see

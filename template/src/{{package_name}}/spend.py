@@ -70,7 +70,7 @@ def parse_usd(text: str, *, field: str = "usd") -> Decimal:
         raise CapChangeRefused(
             f'{field} must be from 0 to {MAX_CAP_USD} dollars, like "25.00" (got {_shown(text)})'
         )
-    if amount % MICRO_USD:
+    if amount != amount.quantize(MICRO_USD):
         raise CapChangeRefused(
             f"{field} is finer than a micro-dollar ({MICRO_USD}); round it to 6 decimals "
             f"(got {_shown(text)})"
