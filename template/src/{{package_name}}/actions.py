@@ -1,5 +1,6 @@
 """Operator actions, one implementation for the CLI, the HTTP API and the web console:
-cancel a job, replay parked jobs, resolve an in-doubt job, decide an approval
+cancel a job, replay parked jobs, resolve an in-doubt job, decide an approval, say which
+caps may be set
 (template-owned: copier-agent-worker).
 
 Each caller only reads its input and shows the outcome; the rules (an approver, a limit with
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import approvals, catalog, children, dlq, job_store
+from . import approvals, catalog, children, dlq, job_store, spend
+from .models import GLOBAL
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
 from .states import JobState
@@ -29,6 +31,28 @@ class ReplayOutcome:
     plan: dlq.ReplayPlan
     replayed: list[str] = field(default_factory=list)
     push_warning: str | None = None
+
+
+def cap_target(agent: str) -> str:
+    """The agent whose daily cap may be set: a paid agent, or GLOBAL ('*'). An unpaid
+    agent makes no paid calls, so a cap on it would limit nothing: refused with why.
+
+    >>> try:
+    ...     cap_target("no_such_agent")
+    ... except spend.CapChangeRefused as exc:
+    ...     print(str(exc).split(";")[0])
+    unknown agent 'no_such_agent'
+    """
+    paid = [name for name, config in catalog.AGENTS.items() if config.paid]
+    choices = ", ".join([*paid, "'*' (the global cap)"])
+    if agent == GLOBAL or agent in paid:
+        return agent
+    if agent in catalog.AGENTS:
+        raise spend.CapChangeRefused(
+            f"agent {agent} is not paid: it makes no paid calls, so a cap would limit nothing; "
+            f"caps are for {choices}"
+        )
+    raise spend.CapChangeRefused(f"unknown agent {agent!r}; caps are for {choices}")
 
 
 async def cancel(

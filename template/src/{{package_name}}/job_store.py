@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, func, insert, or_, select, update
+from sqlalchemy import Select, and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +30,9 @@ LEASE_EXPIRED = "the lease expired with no outcome recorded"
 # `waiting_for` of a parent waiting for its children; an approval's is "approval:NAME".
 CHILDREN = "children"
 ALL_ATTEMPTS_LOST = "the last attempt's worker stopped before recording an outcome"
+# A priority is stored as its rank (higher runs first) and shown by its name, in and out.
+PRIORITIES = {"high": 1, "normal": 0, "low": -1}
+PRIORITY_NAMES = {rank: name for name, rank in PRIORITIES.items()}
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class Job:
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: states as strings, times as ISO 8601 UTC."""
+        """JSON-ready: states as strings, times as ISO 8601 UTC, the priority by its name
+        ("high", "normal", "low": what a submit takes)."""
         out: dict[str, Any] = {}
         for key, value in self.__dict__.items():
             if isinstance(value, datetime):
@@ -87,7 +91,15 @@ class Job:
             elif isinstance(value, JobState):
                 value = value.value
             out[key] = value
+        out["priority"] = PRIORITY_NAMES.get(self.priority, str(self.priority))
         return out
+
+    def scheduled_for(self, now: datetime) -> datetime | None:
+        """When a `queued` job becomes due, if that is still in the future (a delay, a
+        backoff or a deferral); None when it is due now or not queued."""
+        if self.state is JobState.QUEUED and self.run_after is not None and self.run_after > now:
+            return self.run_after
+        return None
 
 
 @dataclass(frozen=True)
@@ -655,14 +667,49 @@ async def count_expired_leases(conn: AsyncConnection, *, now: datetime) -> int:
     return int(await conn.scalar(stmt) or 0)
 
 
-async def oldest_queued(conn: AsyncConnection) -> dict[str, datetime]:
-    """Per lane, when its oldest `queued` job was created."""
-    rows = await conn.execute(
-        select(jobs.c.lane, func.min(jobs.c.created_at))
-        .where(jobs.c.state == JobState.QUEUED.value)
+async def oldest_queued(conn: AsyncConnection, *, now: datetime) -> dict[str, datetime]:
+    """Per lane, since when its longest-waiting due `queued` job has been due. Jobs whose
+    run_after is still ahead (delayed, backing off, deferred) are not waiting yet: see
+    `scheduled_counts`."""
+    rows = await conn.execute(oldest_queued_query(now))
+    return {lane: _utc(since) for lane, since in rows if since is not None}
+
+
+async def scheduled_counts(conn: AsyncConnection, *, now: datetime) -> dict[str, int]:
+    """Per lane, how many `queued` jobs are not due yet (run_after in the future: a delayed
+    submit, a retry backing off, a rate-limit deferral)."""
+    return {lane: int(count) for lane, count in await conn.execute(scheduled_query(now))}
+
+
+# `/metrics` runs these two every few seconds: each reads `queued` rows only, through the
+# (state, lane) index, never the whole table (tests/integration/test_delay_priority.py).
+
+
+def oldest_queued_query(now: datetime) -> Select[Any]:
+    """(lane, due since) of the due `queued` rows, grouped by lane."""
+    return (
+        select(jobs.c.lane, func.min(_due_since()))
+        .where(
+            jobs.c.state == JobState.QUEUED.value,
+            or_(jobs.c.run_after.is_(None), jobs.c.run_after <= now),
+        )
         .group_by(jobs.c.lane)
     )
-    return {lane: _utc(created) for lane, created in rows}
+
+
+def scheduled_query(now: datetime) -> Select[Any]:
+    """(lane, count) of the `queued` rows not due yet, grouped by lane."""
+    return (
+        select(jobs.c.lane, func.count())
+        .where(jobs.c.state == JobState.QUEUED.value, jobs.c.run_after > now)
+        .group_by(jobs.c.lane)
+    )
+
+
+def _due_since() -> Any:
+    """When a `queued` row became due: its run_after, or when it entered `queued` (every
+    move sets updated_at) if that is later or there is no run_after."""
+    return case((jobs.c.run_after > jobs.c.updated_at, jobs.c.run_after), else_=jobs.c.updated_at)
 
 
 async def prune(engine: Any, *, finished_before: datetime, states: frozenset[JobState]) -> int:

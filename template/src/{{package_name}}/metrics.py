@@ -210,7 +210,14 @@ class ServiceGauges:
         )
         self.oldest_queued = Gauge(
             "agent_worker_oldest_queued_age_seconds",
-            "Age of the oldest queued job per lane (0 when none waits)",
+            "Seconds the longest-waiting due queued job of each lane has been due "
+            "(0 when none is due; delayed and backing-off jobs are agent_worker_scheduled_jobs)",
+            ["lane"],
+            registry=registry,
+        )
+        self.scheduled = Gauge(
+            "agent_worker_scheduled_jobs",
+            "Queued jobs not due yet per lane: delayed, backing off or deferred",
             ["lane"],
             registry=registry,
         )
@@ -274,6 +281,7 @@ class ServiceGauges:
             self.jobs.labels(state.value).set(stats.jobs_by_state.get(state.value, 0))
         for lane in runtime.lane_timeouts:
             self.oldest_queued.labels(lane).set(stats.oldest_queued_age_s(lane) or 0.0)
+            self.scheduled.labels(lane).set(stats.scheduled.get(lane, 0))
         for cap in stats.caps:
             # Gauges are floats; the Decimal stays exact up to the cent in any real cap.
             self.spend_today.labels(cap.agent).set(float(cap.spent_usd + cap.reserved_usd))

@@ -24,6 +24,9 @@ from .db import transaction
 from .models import GLOBAL, spend_caps, spend_days
 
 MICROS = Decimal(1_000_000)
+MICRO_USD = Decimal("0.000001")
+# The largest daily cap accepted: far above any real budget, far inside a BIGINT of micros.
+MAX_CAP_USD = Decimal(1_000_000)
 
 
 class SpendDenied(BaseException):
@@ -34,7 +37,50 @@ class SpendDenied(BaseException):
 
 
 class CapChangeRefused(ValueError):
-    """A cap change that needs an approver was asked for without one."""
+    """A cap change refused before anything was written (an amount out of range, an agent
+    that makes no paid calls, a raise without an approver); the message says what to do."""
+
+
+def parse_usd(text: str, *, field: str = "usd") -> Decimal:
+    """A daily cap in dollars read from text: from 0 to MAX_CAP_USD, in whole
+    micro-dollars (finer is refused, never rounded to 0). The CLI, the API and the
+    console read a cap here; CapChangeRefused names `field` and the range.
+
+    >>> parse_usd("25.00")
+    Decimal('25.00')
+    >>> for text in ("99999999999999999999999", "0.0000001", "ten"):
+    ...     try:
+    ...         parse_usd(text)
+    ...     except CapChangeRefused as exc:
+    ...         print(exc)
+    usd must be from 0 to 1000000 dollars, like "25.00" (got '99999999999999999999999')
+    usd is finer than a micro-dollar (0.000001); round it to 6 decimals (got '0.0000001')
+    usd must be a number of dollars from 0 to 1000000, like "25.00" (got 'ten')
+    """
+    try:
+        amount = Decimal(text)
+    except ArithmeticError:  # decimal.InvalidOperation: not a number
+        amount = None
+    if amount is None or amount.is_nan():
+        raise CapChangeRefused(
+            f'{field} must be a number of dollars from 0 to {MAX_CAP_USD}, like "25.00" '
+            f"(got {_shown(text)})"
+        )
+    if not 0 <= amount <= MAX_CAP_USD:  # also refuses Infinity
+        raise CapChangeRefused(
+            f'{field} must be from 0 to {MAX_CAP_USD} dollars, like "25.00" (got {_shown(text)})'
+        )
+    if amount != amount.quantize(MICRO_USD):
+        raise CapChangeRefused(
+            f"{field} is finer than a micro-dollar ({MICRO_USD}); round it to 6 decimals "
+            f"(got {_shown(text)})"
+        )
+    return amount.copy_abs()  # -0 is 0
+
+
+def _shown(text: str, most: int = 40) -> str:
+    quoted = repr(text)
+    return quoted if len(quoted) <= most else quoted[: most - 3] + "..."
 
 
 def to_micros(usd: Decimal | int | str) -> int:
@@ -77,7 +123,29 @@ class Cap:
 
     @property
     def remaining_usd(self) -> Decimal:
-        return self.cap_usd - self.reserved_usd - self.spent_usd
+        """What may still be reserved today; never negative (see `over_by_usd`)."""
+        return max(self.cap_usd - self.reserved_usd - self.spent_usd, Decimal(0))
+
+    @property
+    def over_by_usd(self) -> Decimal:
+        """How far use is past the cap (a cap lowered below what was already spent).
+
+        >>> Cap("a", Decimal("1"), Decimal("0"), Decimal("1.5")).over_by_usd
+        Decimal('0.5')
+        """
+        return max(self.reserved_usd + self.spent_usd - self.cap_usd, Decimal(0))
+
+    def as_dict(self, day: date) -> dict[str, str]:
+        """JSON-ready, money as strings: what `caps show --json` and GET /api/caps give."""
+        return {
+            "agent": self.agent,
+            "day": day.isoformat(),
+            "cap_usd": str(self.cap_usd),
+            "reserved_usd": str(self.reserved_usd),
+            "spent_usd": str(self.spent_usd),
+            "remaining_usd": str(self.remaining_usd),
+            "over_by_usd": str(self.over_by_usd),
+        }
 
 
 async def reserve(conn: AsyncConnection, *, agent: str, max_micros: int, day: date) -> None:
@@ -188,8 +256,7 @@ async def set_cap(
 
     Returns (old cap or None, new cap). The change and its audit row commit together.
     """
-    if cap_usd < 0:
-        raise ValueError("a cap cannot be negative")
+    cap_usd = parse_usd(str(cap_usd), field="a cap")
     now = datetime.now(UTC)
     new = to_micros(cap_usd)
     async with transaction(engine) as conn:

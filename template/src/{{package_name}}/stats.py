@@ -26,28 +26,33 @@ class ServiceStats:
     """The database's view of the whole service (every worker, not one process)."""
 
     jobs_by_state: dict[str, int]
-    oldest_queued: dict[str, datetime]
+    oldest_queued: dict[str, datetime]  # per lane: since when its oldest due job is due
+    scheduled: dict[str, int]  # per lane: queued jobs not due yet (delay, backoff, deferral)
     parked_by_cause: list[dlq.CauseGroup]
     caps: list[spend.Cap]
     unsent_replies: int
     read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def oldest_queued_age_s(self, lane: str) -> float | None:
-        """Seconds the lane's oldest `queued` job has waited, or None when none waits."""
-        created = self.oldest_queued.get(lane)
-        return None if created is None else max((self.read_at - created).total_seconds(), 0.0)
+        """Seconds the lane's longest-waiting due `queued` job has been due, or None when
+        none is due (a job delayed an hour starts counting in an hour)."""
+        since = self.oldest_queued.get(lane)
+        return None if since is None else max((self.read_at - since).total_seconds(), 0.0)
 
 
 async def read_service_stats(conn: AsyncConnection, *, causes: bool = True) -> ServiceStats:
-    """Counts by state, each lane's oldest queued job, parked causes, today's spend against
-    the caps and unsent replies, in one connection."""
+    """Counts by state, each lane's oldest due and its scheduled queued jobs, parked causes,
+    today's spend against the caps and unsent replies, in one connection."""
+    now = datetime.now(UTC)
     by_state = await job_store.count_by_state(conn)
     return ServiceStats(
         jobs_by_state={s.value: by_state.get(s.value, 0) for s in JobState},
-        oldest_queued=await job_store.oldest_queued(conn),
+        oldest_queued=await job_store.oldest_queued(conn, now=now),
+        scheduled=await job_store.scheduled_counts(conn, now=now),
         parked_by_cause=await dlq.causes(conn) if causes else [],
         caps=await spend.caps_for_day(conn, datetime.now(UTC).date()),
         unsent_replies=await replies.unsent(conn),
+        read_at=now,
     )
 
 
@@ -64,6 +69,7 @@ def as_json(stats: ServiceStats, depths: dict[str, int], lanes: Iterable[str]) -
             lane: {
                 "redis_depth": depths[lane],
                 "oldest_queued_age_s": _round(stats.oldest_queued_age_s(lane)),
+                "scheduled": stats.scheduled.get(lane, 0),
             }
             for lane in lanes
         },

@@ -20,6 +20,7 @@ import structlog
 from . import catalog, job_store, tracing
 from .agent import Agent, discover
 from .db import create_engine, transaction
+from .job_store import PRIORITIES
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings, check_redis_tls, get_settings
 
@@ -102,6 +103,30 @@ class Submitter:
     ) -> str:
         """Record the job, then queue it; returns the job id. `delay_s` or `run_at` (aware
         UTC, in the future) delays it; `priority` is "high", "normal" or "low"."""
+        job_id, _created = await self.submit_or_get(
+            agent,
+            payload,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            delay_s=delay_s,
+            run_at=run_at,
+            priority=priority,
+        )
+        return job_id
+
+    async def submit_or_get(
+        self,
+        agent: str,
+        payload: Any,
+        *,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+        delay_s: float | None = None,
+        run_at: datetime | None = None,
+        priority: str = "normal",
+    ) -> tuple[str, bool]:
+        """`submit`, also saying whether the job is new: (job id, created). A repeated
+        (owner, idempotency key) gives the existing job with created=False, not queued again."""
         checked = self.check(agent, payload)
         run_after = due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
         rank = priority_rank(priority)
@@ -117,7 +142,7 @@ class Submitter:
         span: tracing.Submit,
         run_after: datetime | None,
         rank: int,
-    ) -> str:
+    ) -> tuple[str, bool]:
         config = self.agents[agent].config
         row = job_store.NewJob(
             agent=agent,
@@ -135,7 +160,7 @@ class Submitter:
         span.recorded(job_id)
         if not created:
             log.info("job_exists", job_id=job_id, agent=agent)
-            return job_id
+            return job_id, False
         try:
             queue = await self._get_queue()
             await queue.push_many([Push(job_id, config.lane, run_after, rank, agent)])
@@ -143,7 +168,7 @@ class Submitter:
             log.warning("job_recorded_not_queued", job_id=job_id, agent=agent, error=str(exc))
             raise RecordedNotQueued(job_id, str(exc)) from exc
         log.info("job_submitted", job_id=job_id, agent=agent, lane=config.lane)
-        return job_id
+        return job_id, True
 
     async def submit_many(self, submissions: Iterable[Submission]) -> list[str]:
         """Record many jobs in one transaction, then queue them in batches; returns their
@@ -241,11 +266,13 @@ async def submit(
     )
 
 
-PRIORITIES = {"high": 1, "normal": 0, "low": -1}
+# A longer wait is a schedule (schedules.py), not a delay; the bound also keeps every due
+# time far inside what a datetime, the database and Redis can hold.
+MAX_DELAY_S = 365 * 24 * 3600
 
 
 def priority_rank(priority: str) -> int:
-    """The stored rank of a priority name.
+    """The stored rank of a priority name (`job_store.PRIORITIES`).
 
     >>> priority_rank("high")
     1
@@ -255,8 +282,39 @@ def priority_rank(priority: str) -> int:
     return PRIORITIES[priority]
 
 
+def parse_delay(value: float | str, *, field: str = "delay_s") -> float:
+    """Seconds to wait before the first run, from 0 to MAX_DELAY_S; SubmitError names
+    `field` and the range. The CLI (`--delay`, text) and the API (`delay_s`, a JSON
+    number) both read a delay here.
+
+    >>> parse_delay("90", field="--delay")
+    90.0
+    >>> try:
+    ...     parse_delay(1e12)
+    ... except SubmitError as exc:
+    ...     print(exc)
+    delay_s must be from 0 to 31536000 seconds (365 days), e.g. 60 (got 1000000000000.0)
+    """
+    if isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise SubmitError(
+                f"{field} must be a number of seconds, e.g. 60 (got {shown(value)})"
+            ) from None
+    else:
+        seconds = value  # an int stays exact: 10**400 compares, float() would overflow
+    if not 0 <= seconds <= MAX_DELAY_S:  # NaN fails both comparisons
+        raise SubmitError(
+            f"{field} must be from 0 to {MAX_DELAY_S} seconds ({MAX_DELAY_S // 86400} days), "
+            f"e.g. 60 (got {shown(value)})"
+        )
+    return float(seconds)
+
+
 def due_at(now: datetime, *, delay_s: float | None, run_at: datetime | None) -> datetime | None:
-    """When a delayed job may first run (None: now); refuses a past, naive or doubled time.
+    """When a delayed job may first run (None: now); refuses a past, naive, doubled or more
+    than MAX_DELAY_S away time.
 
     >>> due_at(datetime(2026, 1, 1, tzinfo=UTC), delay_s=90, run_at=None).isoformat()
     '2026-01-01T00:01:30+00:00'
@@ -264,9 +322,8 @@ def due_at(now: datetime, *, delay_s: float | None, run_at: datetime | None) -> 
     if delay_s is not None and run_at is not None:
         raise SubmitError("give either a delay or a time to run at, not both")
     if delay_s is not None:
-        if not delay_s >= 0:
-            raise SubmitError(f"delay {delay_s} is negative; write a number of seconds, e.g. 60")
-        return now + timedelta(seconds=delay_s) if delay_s else None
+        seconds = parse_delay(delay_s)
+        return now + timedelta(seconds=seconds) if seconds else None
     if run_at is None:
         return None
     if run_at.tzinfo is None:
@@ -279,7 +336,25 @@ def due_at(now: datetime, *, delay_s: float | None, run_at: datetime | None) -> 
             f"run_at {run_at.isoformat()} is in the past; write a future time, "
             f"e.g. {(now + timedelta(hours=1)).replace(microsecond=0).isoformat()}"
         )
+    if run_at - now > timedelta(seconds=MAX_DELAY_S):
+        raise SubmitError(
+            f"run_at {run_at.isoformat()} is more than {MAX_DELAY_S // 86400} days away; "
+            "use a schedule for jobs that far ahead"
+        )
     return run_at.astimezone(UTC)
+
+
+def shown(value: object, most: int = 40) -> str:
+    """`repr(value)` cut to `most` characters, for quoting an input back in an error.
+
+    >>> shown("x" * 100, most=10)
+    "'xxxxxx..."
+    """
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return "a number too long to show"
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _json_type(value: Any) -> str:

@@ -2,13 +2,18 @@
 (template-owned: copier-agent-worker).
 
 Humans get tables, scripts get `--json`. Bad input is one line on stderr and exit code 2;
-a service that cannot be reached is one line and exit code 1. Never a traceback.
+a service that cannot be reached is one line and exit code 1. Never a traceback: an
+unexpected error is one line and exit code 1 too, with the traceback only under `-v`.
 """
 
 from __future__ import annotations
 
+import sys
+
+import typer
+
 from . import approvals, audit, db, dlq, jobs, run, schedules, spend, status, tokens, web
-from .app import app
+from .app import app, options
 
 __all__ = ["app", "main"]
 # The command groups register themselves on `app` when imported.
@@ -17,4 +22,15 @@ _GROUPS = (approvals, audit, db, dlq, jobs, run, schedules, spend, status, token
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    except Exception as exc:
+        if options.verbose:
+            raise
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        typer.echo(
+            f"error: unexpected {type(exc).__name__}: {first} "
+            "(a bug: run the command again with -v for the traceback and report it)",
+            err=True,
+        )
+        sys.exit(1)

@@ -12,7 +12,7 @@ import typer
 from .. import actions, approvals, job_store, paid_calls, steps
 from ..db import create_engine
 from ..states import PARKED, TERMINAL
-from ..submit import SubmitError, Submitter, due_at, priority_rank
+from ..submit import SubmitError, Submitter, due_at, parse_delay, priority_rank
 from .app import app
 from .support import (
     JsonFlag,
@@ -43,7 +43,8 @@ def submit(
     ] = None,
     owner: Annotated[str | None, typer.Option(help="Who the job is for.")] = None,
     delay: Annotated[
-        float | None, typer.Option("--delay", help="Run no sooner than SECONDS from now.")
+        str | None,
+        typer.Option("--delay", help="Run no sooner than SECONDS from now (at most 365 days)."),
     ] = None,
     at: Annotated[
         str | None, typer.Option("--at", help="Run no sooner than this ISO-8601 UTC time.")
@@ -55,10 +56,11 @@ def submit(
     payload = _read_payload(input_json, input_file)
     run_at = _read_time("--at", at)
     try:
-        due_at(datetime.now(UTC), delay_s=delay, run_at=run_at)
+        delay_s = None if delay is None else parse_delay(delay, field="--delay")
+        due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
         priority_rank(priority)
     except SubmitError as exc:
-        fail(str(exc).replace("run_at", "--at").replace("delay ", "--delay "))
+        fail(str(exc).replace("run_at", "--at").replace("a delay", "--delay"))
     settings = load_settings()
 
     async def go() -> dict[str, Any] | str:
@@ -69,7 +71,7 @@ def submit(
                 payload,
                 owner=owner,
                 idempotency_key=idempotency_key,
-                delay_s=delay,
+                delay_s=delay_s,
                 run_at=run_at,
                 priority=priority,
             )
@@ -253,6 +255,7 @@ def jobs_list(
     if as_json:
         typer.echo(json.dumps([job.as_dict() for job in jobs], indent=2))
         return
+    now = datetime.now(UTC)
     table(
         ["id", "agent", "state", "attempts", "created", "last error / waiting for"],
         [
@@ -262,11 +265,24 @@ def jobs_list(
                 j.state.value,
                 f"{j.attempts}/{j.max_attempts}",
                 short_time(j.created_at),
-                (f"waiting for {j.waiting_for}" if j.waiting_for else j.last_error or "")[:60],
+                _why_waiting(j, now)[:60],
             ]
             for j in jobs
         ],
     )
+
+
+def _why_waiting(job: job_store.Job, now: datetime) -> str:
+    """What a listed job waits for: its run_after while in the future (a delay, a backoff,
+    a deferral: scheduled, not stuck), an approval or children, else its last error."""
+    due = job.scheduled_for(now)
+    if due is not None:
+        return f"scheduled for {short_time(due)}" + (
+            f"; {job.last_error}" if job.last_error else ""
+        )
+    if job.waiting_for:
+        return f"waiting for {job.waiting_for}"
+    return job.last_error or ""
 
 
 @jobs_app.command("cancel")

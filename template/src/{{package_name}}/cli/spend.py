@@ -10,9 +10,8 @@ from typing import Annotated
 
 import typer
 
-from .. import catalog, spend
+from .. import actions, catalog, spend
 from ..db import create_engine
-from ..models import GLOBAL
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
 
@@ -31,16 +30,21 @@ def caps_show(as_json: JsonFlag = False) -> None:
 @caps_app.command("set")
 def caps_set(
     agent: Annotated[str, typer.Argument(help="Agent name, or '*' for the global cap.")],
-    usd: Annotated[str, typer.Argument(help="The new daily cap in US dollars, e.g. 25.00.")],
+    usd: Annotated[
+        str, typer.Argument(help="The new daily cap in US dollars, 0 to 1000000, e.g. 25.00.")
+    ],
     approved_by: Annotated[
         str | None, typer.Option(help="Who approved it; required to raise a cap.")
     ] = None,
     reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
 ) -> None:
-    """Change a daily cap. Raising one needs --approved-by; every change is audited."""
-    amount = _parse_usd(usd)
-    if agent != GLOBAL and agent not in catalog.AGENTS:
-        fail(f"unknown agent {agent!r}; agents: {', '.join(catalog.AGENTS)} (or '*' for global)")
+    """Change a daily cap of a paid agent or the global one ('*'). Raising one needs
+    --approved-by; every change is audited."""
+    try:
+        amount = spend.parse_usd(usd, field="USD")
+        actions.cap_target(agent)
+    except spend.CapChangeRefused as exc:
+        fail(str(exc))
     settings = load_settings()
 
     async def go() -> tuple[Decimal | None, Decimal]:
@@ -84,45 +88,24 @@ def _show_caps(when: date, as_json: bool) -> None:
             await engine.dispose()
 
     caps = run(go(), settings)
-    rows = [
-        {
-            "agent": c.agent,
-            "day": when.isoformat(),
-            "cap_usd": str(c.cap_usd),
-            "reserved_usd": str(c.reserved_usd),
-            "spent_usd": str(c.spent_usd),
-            "remaining_usd": str(c.remaining_usd),
-        }
-        for c in caps
-    ]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([c.as_dict(when) for c in caps], indent=2))
         return
     table(
         ["agent", "day", "cap", "reserved", "spent", "remaining"],
         [
             [
-                r["agent"],
-                r["day"],
-                f"${r['cap_usd']}",
-                f"${r['reserved_usd']}",
-                f"${r['spent_usd']}",
-                f"${r['remaining_usd']}",
+                c.agent,
+                when.isoformat(),
+                f"${c.cap_usd}",
+                f"${c.reserved_usd}",
+                f"${c.spent_usd}",
+                f"over by ${c.over_by_usd}" if c.over_by_usd else f"${c.remaining_usd}",
             ]
-            for r in rows
+            for c in caps
         ],
     )
     capped = {cap.agent for cap in caps}
     for name, config in catalog.AGENTS.items():
         if config.paid and name not in capped:
             typer.echo(f"paid agent {name} has no cap: every job of it is denied (`caps set`)")
-
-
-def _parse_usd(text: str) -> Decimal:
-    try:
-        amount = Decimal(text)
-    except ArithmeticError:
-        fail(f"USD must be a number like 25.00 (got {text!r})")
-    if not amount.is_finite() or amount < 0:
-        fail(f"USD must be zero or more, like 25.00 (got {text!r})")
-    return amount

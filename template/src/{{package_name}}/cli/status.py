@@ -85,12 +85,13 @@ def stats(as_json: JsonFlag = False) -> None:
     table(["state", "jobs"], [[s, str(n)] for s, n in out["jobs_by_state"].items()])
     typer.echo("")
     table(
-        ["lane", "in redis", "oldest queued"],
+        ["lane", "in redis", "oldest due for", "scheduled"],
         [
             [
                 lane,
                 str(v["redis_depth"]),
                 "" if v["oldest_queued_age_s"] is None else f"{v['oldest_queued_age_s']} s",
+                str(v["scheduled"]),
             ]
             for lane, v in out["lanes"].items()
         ],

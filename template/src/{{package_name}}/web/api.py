@@ -2,8 +2,10 @@
 (template-owned: copier-agent-worker).
 
 Errors are `{"error": "<one sentence>"}`: 400 bad input (nothing written), 401 no valid
-token, 403 a role that may not, 404 no such job, 409 a state conflict. The document at
-/api/openapi.json describes every route (a test holds the two together).
+token, 403 a role that may not, 404 no such job, 409 a state conflict, and 500 with an
+`error_id` that the log line of the traceback carries (app.py). Numbers and money are read
+by the same functions as the CLI's (`submit.parse_delay`, `spend.parse_usd`), bounds and all.
+The document at /api/openapi.json describes every route (a test holds the two together).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from starlette.requests import Request
@@ -19,10 +21,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .. import actions, approvals, audit, catalog, dlq, job_store, paid_calls, spend, stats
-from ..models import GLOBAL
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
-from ..submit import RecordedNotQueued, SubmitError
+from ..submit import RecordedNotQueued, SubmitError, parse_delay
 from ..tokens import Principal, Role
 from .auth import bearer_principal, require
 from .openapi import OPENAPI
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .app import Services
 
 MAX_LIST = 500
+MAX_BATCH = 10_000  # jobs one replay or resolve by cause may touch
 BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
 JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
@@ -69,7 +71,8 @@ def endpoint(role: Role) -> Callable[[Handler], Callable[[Request], Awaitable[Re
 
 @endpoint(Role.OPERATOR)
 async def submit_job(request: Request, services: Services, principal: Principal) -> Response:
-    """Record a job and queue it: 201 with its id and state."""
+    """Record a job and queue it: 201 with its id and state, or 200 with the job an earlier
+    request with the same Idempotency-Key (and owner) made."""
     body = await _json_object(request, JOB_FIELDS)
     agent = body.get("agent")
     if not isinstance(agent, str):
@@ -83,12 +86,14 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     delay_s = body.get("delay_s")
     if delay_s is not None and (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)):
         raise ApiError(400, '"delay_s" must be a number of seconds, e.g. 60')
-    priority = body.get("priority", "normal")
+    priority = body.get("priority") or "normal"
     if not isinstance(priority, str):
         raise ApiError(400, '"priority" must be "high", "normal" or "low"')
-    warning = None
+    warning, created = None, True
     try:
-        job_id = await services.submitter.submit(
+        if delay_s is not None:
+            delay_s = parse_delay(delay_s, field='"delay_s"')
+        job_id, created = await services.submitter.submit_or_get(
             agent,
             body["payload"],
             owner=owner,
@@ -106,7 +111,7 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     out: dict[str, Any] = {"id": job.id, "state": job.state.value}
     if warning:
         out["warning"] = warning
-    return JSONResponse(out, status_code=201)
+    return JSONResponse(out, status_code=201 if created else 200)
 
 
 @endpoint(Role.VIEWER)
@@ -233,8 +238,7 @@ async def dlq_resolve(request: Request, services: Services, principal: Principal
     cause, limit = body.get("cause_id"), body.get("limit")
     if not isinstance(cause, str) or not cause:
         raise ApiError(400, 'give "cause_id": a cause id from /api/dlq/causes')
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ApiError(400, '"limit" must be a whole number of jobs, 1 or more')
+    limit = _count(limit)
     outcome, note = _resolution(body)
     resolved = await actions.resolve_cause(
         services.settings,
@@ -264,8 +268,8 @@ def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
         raise ApiError(400, '"job_ids" must be a non-empty list of job id strings')
     if cause is not None and limit is None:
         raise ApiError(400, 'a replay by "cause_id" needs "limit": how many jobs at most')
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ApiError(400, '"limit" must be a whole number of jobs, 1 or more')
+    if limit is not None:
+        limit = _count(limit)
     for flag in ("allow_spent", "dry_run"):
         if not isinstance(body.get(flag, False), bool):
             raise ApiError(400, f'"{flag}" must be true or false')
@@ -277,6 +281,13 @@ def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
         "allow_spent": body.get("allow_spent", False),
         "dry_run": body.get("dry_run", False),
     }
+
+
+def _count(limit: Any) -> int:
+    """The "limit" of a replay or resolve by cause: 1 to MAX_BATCH jobs."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
+        raise ApiError(400, f'"limit" must be a whole number of jobs from 1 to {MAX_BATCH}')
+    return limit
 
 
 # Approvals --------------------------------------------------------------------------------
@@ -336,10 +347,11 @@ async def get_stats(request: Request, services: Services, principal: Principal) 
 
 @endpoint(Role.VIEWER)
 async def get_caps(request: Request, services: Services, principal: Principal) -> Response:
-    """Every daily cap with today's (UTC) use."""
+    """Every daily cap with today's (UTC) use: remaining, or how far over (never negative)."""
+    today = datetime.now(UTC).date()
     async with services.engine.connect() as conn:
-        caps = await spend.caps_for_day(conn, datetime.now(UTC).date())
-    return JSONResponse([_plain(c.__dict__) for c in caps])
+        caps = await spend.caps_for_day(conn, today)
+    return JSONResponse([c.as_dict(today) for c in caps])
 
 
 @endpoint(Role.ADMIN)
@@ -347,35 +359,33 @@ async def set_cap(request: Request, services: Services, principal: Principal) ->
     """Change a daily cap (admin; audited with the token's name as the approver)."""
     body = await _json_object(request, ("agent", "usd", "reason"))
     agent, amount = parse_cap(body)
-    old, new = await spend.set_cap(
-        services.engine,
-        agent,
-        amount,
-        approved_by=principal.name,
-        reason=_optional_str(body, "reason", 2000),
-    )
+    try:
+        old, new = await spend.set_cap(
+            services.engine,
+            agent,
+            amount,
+            approved_by=principal.name,
+            reason=_optional_str(body, "reason", 2000),
+        )
+    except spend.CapChangeRefused as exc:
+        raise ApiError(400, str(exc)) from None
     return JSONResponse(
         {"agent": agent, "old_usd": None if old is None else str(old), "usd": str(new)}
     )
 
 
 def parse_cap(body: dict[str, Any]) -> tuple[str, Decimal]:
-    """(agent, amount) of a cap change; ApiError(400) when invalid. Money is never a float."""
-    agent = body.get("agent")
-    if agent != GLOBAL and agent not in catalog.AGENTS:
-        raise ApiError(
-            400, f"unknown agent {agent!r}; agents: {', '.join(catalog.AGENTS)} (or '*' for global)"
-        )
-    usd = body.get("usd")
+    """(agent, amount) of a cap change; ApiError(400) when invalid. Money is never a float;
+    the rules are the CLI's (`actions.cap_target`, `spend.parse_usd`)."""
+    agent, usd = body.get("agent"), body.get("usd")
+    if not isinstance(agent, str):
+        raise ApiError(400, '"agent" must be the name of a paid agent, or "*" for the global cap')
     if not isinstance(usd, str):
         raise ApiError(400, '"usd" must be a string like "25.00" (never a float)')
     try:
-        amount = Decimal(usd)
-    except InvalidOperation:
-        raise ApiError(400, f'"usd" must be a number like "25.00" (got {usd!r})') from None
-    if not amount.is_finite() or amount < 0:
-        raise ApiError(400, f'"usd" must be zero or more, like "25.00" (got {usd!r})')
-    return str(agent), amount
+        return actions.cap_target(agent), spend.parse_usd(usd, field='"usd"')
+    except spend.CapChangeRefused as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 @endpoint(Role.VIEWER)
@@ -434,7 +444,7 @@ def parse_state(text: str | None) -> JobState | None:
 def parse_limit(text: str | None, most: int) -> int:
     if text is None or text == "":
         return 50
-    if not text.isdigit() or not 1 <= int(text) <= most:
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or not 1 <= int(text) <= most:
         raise ApiError(400, f"limit must be a whole number from 1 to {most} (got {text!r})")
     return int(text)
 
@@ -447,7 +457,7 @@ async def _json_object(
         return {}
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # also UnicodeDecodeError, and an int past Python's digit limit
         where = (
             f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
             if isinstance(exc, json.JSONDecodeError)

@@ -9,10 +9,12 @@ Content-Security-Policy on every response and checks roles on the server for eve
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import structlog
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.applications import Starlette
@@ -22,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..settings import ENV_PREFIX, Settings, SettingsError
 from ..submit import Submitter
@@ -32,6 +35,7 @@ from .auth import Denied, SecurityHeaders, Sessions
 STATIC = Path(__file__).parent / "static"
 SECRET_VAR = f"{ENV_PREFIX}WEB_SECRET"
 MIN_SECRET_CHARS = 32
+log = structlog.get_logger("web")
 
 
 class WebSettings(BaseSettings):
@@ -93,7 +97,8 @@ def create_app(settings: Settings, secret: str) -> Starlette:
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
             *pages.routes(),
         ],
-        middleware=[Middleware(SecurityHeaders)],
+        # Outermost first: the security headers go on every response, the 500s too.
+        middleware=[Middleware(SecurityHeaders), Middleware(Unexpected)],
         exception_handlers={ApiError: on_error, Denied: on_error, HTTPException: on_error},
         lifespan=lifespan,
     )
@@ -113,3 +118,45 @@ async def on_error(request: Request, exc: Exception) -> Response:
         headers = {"www-authenticate": "Bearer"} if status == 401 else None
         return JSONResponse({"error": message}, status_code=status, headers=headers)
     return await pages.error_page(request, status, message)
+
+
+class Unexpected:
+    """ASGI middleware: an exception no handler answered becomes a 500 that says so, with
+    an `error_id` that the logged traceback carries too; never a bare text page."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_watched)
+        except Exception as exc:
+            error_id = uuid.uuid4().hex[:12]
+            log.error(
+                "web_request_failed",
+                error_id=error_id,
+                method=scope["method"],
+                path=scope["path"],
+                exc_info=exc,
+            )
+            if started:  # half a response is out: only the server can end it
+                raise
+            await unexpected_response(Request(scope), error_id)(scope, receive, send)
+
+
+def unexpected_response(request: Request, error_id: str) -> Response:
+    """The 500 of `Unexpected`: JSON under /api/, a plain page in the console."""
+    message = f"something went wrong on the server; its log has the details under {error_id}"
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": message, "error_id": error_id}, status_code=500)
+    return pages.render(request, "error.html", 500, status=500, message=message)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..dlq import OUTCOMES
+from ..job_store import PRIORITIES
+from ..submit import MAX_DELAY_S
 
 _ERROR = {"$ref": "#/components/responses/Error"}
 _ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR}
@@ -41,6 +43,8 @@ _JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type":
 _STR = {"type": "string"}
 _OUTCOME = {"enum": list(OUTCOMES)}
 _404 = {"404": _ERROR}
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": 500}  # api.MAX_LIST
+_BATCH = {"type": "integer", "minimum": 1, "maximum": 10_000}  # api.MAX_BATCH
 _409 = {"409": _ERROR}
 
 OPENAPI: dict[str, Any] = {
@@ -56,7 +60,13 @@ OPENAPI: dict[str, Any] = {
                     "application/json": {
                         "schema": {
                             "type": "object",
-                            "properties": {"error": _STR},
+                            "properties": {
+                                "error": _STR,
+                                "error_id": {
+                                    "type": "string",
+                                    "description": "On a 500: the id of its log line.",
+                                },
+                            },
                             "required": ["error"],
                         }
                     }
@@ -74,9 +84,16 @@ OPENAPI: dict[str, Any] = {
         },
         "/api/jobs": {
             "post": _op(
-                "Record a job and queue it.",
+                "Record a job and queue it: 201 when created, 200 with the job an earlier "
+                "request with the same Idempotency-Key and owner made.",
                 "operator",
                 ok="201",
+                responses={
+                    "200": {
+                        "description": "The job already made with this Idempotency-Key",
+                        "content": {"application/json": {}},
+                    }
+                },
                 parameters=[
                     {
                         "name": "Idempotency-Key",
@@ -90,8 +107,12 @@ OPENAPI: dict[str, Any] = {
                         "agent": _STR,
                         "payload": {"type": "object"},
                         "owner": _STR,
-                        "delay_s": {"type": ["number", "null"]},
-                        "priority": {"type": ["string", "null"]},
+                        "delay_s": {
+                            "type": ["number", "null"],
+                            "minimum": 0,
+                            "maximum": MAX_DELAY_S,
+                        },
+                        "priority": {"enum": [*PRIORITIES, None]},
                     },
                     ["agent", "payload"],
                 ),
@@ -103,7 +124,7 @@ OPENAPI: dict[str, Any] = {
                     {"name": name, "in": "query", "schema": _STR}
                     for name in ("state", "agent", "owner", "before")
                 ]
-                + [{"name": "limit", "in": "query", "schema": {"type": "integer"}}],
+                + [{"name": "limit", "in": "query", "schema": _LIMIT}],
             ),
         },
         "/api/jobs/{job_id}": {
@@ -139,7 +160,7 @@ OPENAPI: dict[str, Any] = {
                 requestBody=_body(
                     {
                         "cause_id": _STR,
-                        "limit": {"type": "integer", "minimum": 1},
+                        "limit": _BATCH,
                         "outcome": _OUTCOME,
                         "note": _STR,
                     },
@@ -158,7 +179,7 @@ OPENAPI: dict[str, Any] = {
                     {
                         "cause_id": _STR,
                         "job_ids": {"type": "array", "items": _STR},
-                        "limit": {"type": "integer", "minimum": 1},
+                        "limit": _BATCH,
                         "reason": _STR,
                         "allow_spent": {"type": "boolean"},
                         "dry_run": {"type": "boolean"},
@@ -188,7 +209,8 @@ OPENAPI: dict[str, Any] = {
                 requestBody=_body(
                     {
                         "agent": _STR,
-                        "usd": {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
+                        # At most 1000000 (checked by the server), in whole micro-dollars.
+                        "usd": {"type": "string", "pattern": r"^\d{1,7}(\.\d{1,6})?$"},
                         "reason": _STR,
                     },
                     ["agent", "usd"],
@@ -200,7 +222,7 @@ OPENAPI: dict[str, Any] = {
                 "The audit log, newest first.",
                 "viewer",
                 parameters=[
-                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "limit", "in": "query", "schema": _LIMIT},
                     {"name": "actor", "in": "query", "schema": _STR},
                     {"name": "target", "in": "query", "schema": _STR},
                 ],
