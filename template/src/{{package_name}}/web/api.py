@@ -249,10 +249,11 @@ async def dlq_resolve(request: Request, services: Services, principal: Principal
         approved_by=principal.name,
         note=note,
     )
-    out = {"resolved": [{"id": job_id, "state": state.value} for job_id, state in resolved]}
     if not resolved:
-        return JSONResponse({**out, "error": f"no in_doubt job has cause {cause}"}, 409)
-    return JSONResponse(out)
+        raise ApiError(409, f"no in_doubt job has cause {cause}; see /api/dlq/causes")
+    return JSONResponse(
+        {"resolved": [{"id": job_id, "state": state.value} for job_id, state in resolved]}
+    )
 
 
 def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
