@@ -164,10 +164,7 @@ async def resolve_cause(
     """Settle up to `limit` in_doubt jobs of one cause the same way, each audited; each job
     resolved with its new state (a job another operator settled meanwhile is skipped).
     Jobs queued again are pushed."""
-    if outcome not in dlq.OUTCOMES:
-        raise dlq.ReplayRefused(f"--outcome must be one of {', '.join(dlq.OUTCOMES)}")
-    if not approved_by or not note:
-        raise dlq.ReplayRefused("resolving in-doubt jobs needs --approved-by NAME and --note TEXT")
+    dlq.check_resolution(outcome, approved_by, note)  # before the loop, which skips refusals
     if limit < 1:
         raise dlq.ReplayRefused("--limit must be at least 1")
     async with engine.connect() as conn:

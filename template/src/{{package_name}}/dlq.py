@@ -242,6 +242,14 @@ async def replay(
 OUTCOMES = ("completed", "failed", "retry", "not-charged")
 
 
+def check_resolution(outcome: str, approved_by: str, note: str) -> None:
+    """Refuse (ReplayRefused) a resolution with an unknown outcome, no approver or no note."""
+    if outcome not in OUTCOMES:
+        raise ReplayRefused(f"--outcome must be one of {', '.join(OUTCOMES)}")
+    if not approved_by or not note:
+        raise ReplayRefused("resolving an in-doubt job needs --approved-by NAME and --note TEXT")
+
+
 async def resolve(
     engine: AsyncEngine,
     job_id: str,
@@ -254,10 +262,7 @@ async def resolve(
     """Settle an `in_doubt` job after checking the provider: completed, failed, retry (the
     provider did not do the work; its reserved cost stays spent) or not-charged (it did not
     bill: the cost counted for its in-doubt calls is given back, then as retry)."""
-    if outcome not in OUTCOMES:
-        raise ReplayRefused(f"--outcome must be one of {', '.join(OUTCOMES)}")
-    if not approved_by or not note:
-        raise ReplayRefused("resolving an in-doubt job needs --approved-by NAME and --note TEXT")
+    check_resolution(outcome, approved_by, note)
     now = datetime.now(UTC)
     details: dict[str, Any] = {"note": note}
     async with transaction(engine) as conn:

@@ -212,10 +212,10 @@ def dlq_resolve(
     not-charged: the provider did not bill, so the cost counted for the job's in-doubt calls
     is given back and the job is queued again (as retry, which keeps that cost spent).
     """
-    if outcome not in dlq.OUTCOMES:
-        fail(f"--outcome must be one of {', '.join(dlq.OUTCOMES)} (got {outcome!r})")
-    if not approved_by or not note:
-        fail("resolving an in-doubt job needs --approved-by NAME and --note TEXT")
+    try:
+        dlq.check_resolution(outcome, approved_by or "", note or "")
+    except dlq.ReplayRefused as exc:
+        fail(str(exc))
     if (job_id is None) == (cause is None):
         fail("name one in_doubt job, or a cause with --cause ID --limit N (not both)")
     if cause is not None and (limit is None or limit < 1):
