@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_render import EXAMPLES, install, render, run
+from test_render import EXAMPLES, install, installs, render, run
 
 EXAMPLE = "support-desk"
 
 
 @pytest.mark.slow
+@installs(EXAMPLE)
 @pytest.mark.timeout(600)
 def test_the_console_of_a_rendered_example_passes_its_browser_tests(
     template_repo: Path, tmp_path: Path

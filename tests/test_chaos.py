@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_render import EXAMPLES, install, render, run
+from test_render import EXAMPLES, install, installs, render, run
 
 EXAMPLE = "research-pipeline"
 
 
 @pytest.mark.slow
+@installs(EXAMPLE)
 @pytest.mark.timeout(600)
 def test_the_chaos_run_of_a_rendered_postgresql_example_passes(
     template_repo: Path, tmp_path: Path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,21 +178,37 @@ def test_the_generated_code_passes_strict_mypy(rendered: Path, mypy_cache: Path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.fixture(scope="session")
+def pair_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this test process renders every provider/TLS pair, one after another.
+
+    The pairs differ only in the files these two answers touch, so one path and one package
+    name let mypy's cache check each render's changed modules (and what depends on their
+    interfaces) instead of the whole service again: a full check of a service is about 20 s,
+    a re-check of one changed module about 1 s.
+    """
+    return tmp_path_factory.mktemp("pairs") / "out"
+
+
 @pytest.mark.parametrize(
     ("provider", "tls"), [pytest.param(*pair, id="-".join(pair)) for pair in PROVIDER_TLS]
 )
 def test_every_provider_with_each_tls_mode_renders_clean_and_passes_its_unit_tests(
-    provider: str, tls: str, template_repo: Path, tmp_path: Path, mypy_cache: Path
+    provider: str, tls: str, template_repo: Path, pair_project: Path, mypy_cache: Path
 ) -> None:
     """Doctor's fixes, the runbook and the TLS settings depend on these two answers.
 
-    Each pair gets its own package name, run from src/ without installing it.
+    Each pair is rendered afresh over the last one (see `pair_project`) and run from src/
+    without installing it.
     """
+    shutil.rmtree(pair_project, ignore_errors=True)
     project = render(
         template_repo,
-        tmp_path / "out",
-        {"project_name": f"{provider} {tls}", "redis_provider": provider, "redis_tls": tls},
+        pair_project,
+        {"project_name": "Provider Pair", "redis_provider": provider, "redis_tls": tls},
     )
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert (answers["redis_provider"], answers["redis_tls"]) == (provider, tls)
     assert leftover_jinja(project) == []
     for check in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
         result = run([str(BIN / check[0]), *check[1:]], project)
@@ -216,8 +233,26 @@ def install(project: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def installs(name: str) -> pytest.MarkDecorator:
+    """The xdist group of the slow tests that install the service of answer set `name`.
+
+    `make test` runs the slow tests two at a time (`-n 2 --dist loadgroup`), and each of them
+    installs its render into this one venv (`pip install -e`): two renders of one answer set
+    (its suite and its chaos, browser or demo run) share a package name, so they run in one
+    process, one after the other, and never replace each other's install mid-run.
+    """
+    return pytest.mark.xdist_group(name)
+
+
+# The slow pass starts the longest suites first, so the two processes finish together.
+SLOW_ORDER = sorted(TIERS, key=lambda name: (TIERS[name] != "full", name))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TIERS), ids=lambda name: f"{name}-{TIERS[name]}")
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, id=f"{name}-{TIERS[name]}", marks=installs(name)) for name in SLOW_ORDER],
+)
 def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
     name: str, template_repo: Path, tmp_path: Path
 ) -> None:
@@ -247,6 +282,7 @@ def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
 
 
 @pytest.mark.slow
+@installs("minimal")
 def test_the_demo_runs_end_to_end_on_the_embedded_defaults(
     template_repo: Path, tmp_path: Path
 ) -> None:

@@ -818,6 +818,7 @@ def _schema(versions: Versions, project: Path, url: str) -> tuple[set[str], set[
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("update")  # one `versions` build for the three
 def test_a_user_revision_and_a_new_template_revision_both_upgrade(
     versions: Versions, tmp_path: Path, database_url: str
 ) -> None:
@@ -893,6 +894,7 @@ def downgrade() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("update")  # one `versions` build for the three
 def test_an_existing_service_adopts_the_template_keeps_its_revisions_and_then_updates(
     versions: Versions, tmp_path: Path
 ) -> None:
