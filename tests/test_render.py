@@ -4,9 +4,9 @@ Fast checks run for every example, edge and adversarial answer set (tests/answer
 every Redis provider with each TLS mode it allows: nothing left unrendered, portable file
 names, the answers file Copier needs for updates, ruff and mypy clean. The slow tests install
 rendered services and run their own generated suites against a real Redis and a real
-PostgreSQL (and SQLite): the whole suite for the sets in FULL (every test on both databases), the fast tier (unit,
-integration and agent tests, on the database the set answered) for the others; and they run
-the demo end to end.
+PostgreSQL (and SQLite): the whole suite for the sets in FULL (every test on both
+databases), the fast tier (unit, integration and agent tests, on the database the set
+answered) for the others; and they run the demo end to end.
 """
 
 from __future__ import annotations
