@@ -1003,6 +1003,19 @@ def test_no_template_owned_file_of_the_last_landing_disappears_in_the_update(
     assert sorted(removed - set(REMOVED_ON_PURPOSE)) == []
 
 
+def _line_at_a_change(old: list[str], new: list[str]) -> int | None:
+    """The index in `old` of a non-blank line the template rewrote, or else of the line
+    right before lines it inserted: an edit there overlaps the template's change."""
+    rewritten = _changed_line(old, new)
+    if rewritten is not None:
+        return rewritten
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, _, _, _ in matcher.get_opcodes():
+        if tag == "insert" and i1 > 0 and old[i1 - 1].strip():
+            return i1 - 1
+    return None
+
+
 def test_an_edit_to_a_template_owned_file_changed_since_the_last_landing_becomes_a_conflict(
     versions: Versions, landed_update: LandedUpdate
 ) -> None:
@@ -1013,7 +1026,7 @@ def test_an_edit_to_a_template_owned_file_changed_since_the_last_landing_becomes
         if not path.endswith(".py") or owned.match_file(path) or not (updated / path).is_file():
             continue
         old = (project / path).read_text().splitlines(keepends=True)
-        line = _changed_line(old, (updated / path).read_text().splitlines(keepends=True))
+        line = _line_at_a_change(old, (updated / path).read_text().splitlines(keepends=True))
         if line is not None:
             break
     else:
