@@ -984,7 +984,8 @@ def test_the_kept_agent_tests_of_the_last_landing_pass_against_the_updated_servi
 
 # Files the update may remove although a user may have edited them, each with the reason it
 # is safe: Copier 9.19 deletes a file the new version no longer renders even when the user
-# edited it (exit 0, no conflict, `git status` shows ` D`).
+# edited it (exit 0, no conflict, `git status` shows ` D`). Keys are paths with the package
+# written `<pkg>`, e.g. "src/<pkg>/limits.py".
 REMOVED_ON_PURPOSE: dict[str, str] = {}
 
 
