@@ -11,6 +11,7 @@ answered) for the others; and they run the demo end to end.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -151,6 +152,37 @@ def test_every_template_file_says_who_owns_it(rendered: Path) -> None:
         if not re.search(r"(?i)(template|user)-owned", "\n".join(path.read_text().splitlines()[:6]))
     ]
     assert missing == []
+
+
+# What a user-owned file may import of its service (STYLE rule 11): the agent contract, the
+# public test API, the documented integrations and the user's own agents.
+PUBLIC_FACE = re.compile(r"^(agent|testing|agents(\.\w+)?|integrations\.\w+)$")
+
+
+def test_user_owned_files_import_only_the_public_face_of_their_service(rendered: Path) -> None:
+    """`copier update` never changes them, so an internal module they imported would pin the
+    layout of the day they were rendered."""
+    answers = yaml.safe_load((rendered / ".copier-answers.yml").read_text())
+    package = answers["package_name"]
+    owned = [
+        *(rendered / "src" / package / "agents").glob("*.py"),
+        *(rendered / "tests" / "agents").glob("*.py"),
+    ]
+    assert owned
+    found = []
+    for path in owned:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                modules = ["." * node.level + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                inner = module.removeprefix(f"{package}.")
+                if module.startswith((f"{package}.", ".")) and not PUBLIC_FACE.match(inner):
+                    found.append(f"{path.relative_to(rendered)}: {module}")
+    assert found == []
 
 
 def test_the_generated_code_passes_ruff(rendered: Path) -> None:

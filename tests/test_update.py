@@ -1,8 +1,9 @@
 """`copier update` as users run it: from a real older release, with user edits, in CI.
 
-A throwaway git repository holds the template at five tagged versions:
+A throwaway git repository holds the template at six tagged versions:
 
 - v0.1.0  a real earlier state of this template (`OLDEST_RELEASE`, from this repo's history),
+- v0.1.5  the last landed state before the work under test (`LAST_LANDING`, same history),
 - v0.2.0  the working tree under test,
 - v0.3.0  v0.2.0 plus one template Alembic revision,
 - v0.4.0  v0.3.0 with the answer `backoff_max_s` renamed `backoff_cap_s`, carrying the
@@ -15,6 +16,7 @@ input is /dev/null, so a prompt would read end-of-file and fail the test instead
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import difflib
 import json
@@ -41,6 +43,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The first commit of this repository with the questions and examples of today: the "older
 # release" every update test starts from. The update tests need the full history (CI clones it).
 OLDEST_RELEASE = "111d0d4739b15cfa87d10d4c34050a0a7110c223"
+# The last landing before this release (issue 25): the services users rendered from it keep
+# their user-owned tests, which import its internal modules by their paths of that day.
+LAST_LANDING = "3d42c225d50ffd2df1096cf17a08b44c458376b0"
+LAST_LANDING_TAG = "v0.1.5"
 TEMPLATE_PARTS = ("copier.yml", "template", "hooks", ".gitignore")
 EXAMPLES = {path.stem: path for path in sorted((REPO_ROOT / "examples").glob("*.yml"))}
 BIN = Path(sys.executable).parent
@@ -163,7 +169,7 @@ def template_head(versions_dir: Path) -> str:
     return heads.pop()
 
 
-# The template repository with its five versions --------------------------------------------
+# The template repository with its six versions ---------------------------------------------
 
 
 def _replace_tree(repo: Path, source: Path) -> None:
@@ -224,6 +230,25 @@ _migrations:
 """
 
 
+def _committed_template(shell: Shell, base: Path, commit: str) -> Path:
+    """The template parts of this repository at `commit`, unpacked into a new folder."""
+    known = shell.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], REPO_ROOT)
+    assert known.returncode == 0, (
+        f"commit {commit} is missing: the update tests need this repository's full "
+        "history (git fetch --unshallow)"
+    )
+    listed = shell.git(REPO_ROOT, "ls-tree", "--name-only", commit).split()
+    folder = base / commit
+    folder.mkdir()
+    archive = base / f"{commit}.tar"
+    shell.git(
+        REPO_ROOT, "archive", "-o", str(archive), commit,
+        *[part for part in TEMPLATE_PARTS if part in listed],
+    )  # fmt: skip
+    shell.ok(["tar", "-xf", archive, "-C", folder], base)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory: pytest.TempPathFactory) -> Versions:
     base = tmp_path_factory.mktemp("update")
@@ -232,23 +257,10 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> Versions:
     repo.mkdir()
     shell.git(repo, "init", "-q")
 
-    # v0.1.0: the older release, exactly as this repository committed it.
-    known = shell.run(["git", "cat-file", "-e", f"{OLDEST_RELEASE}^{{commit}}"], REPO_ROOT)
-    assert known.returncode == 0, (
-        f"commit {OLDEST_RELEASE} is missing: the update tests need this repository's full "
-        "history (git fetch --unshallow)"
-    )
-    listed = shell.git(REPO_ROOT, "ls-tree", "--name-only", OLDEST_RELEASE).split()
-    old = base / "oldest"
-    old.mkdir()
-    archive = base / "oldest.tar"
-    shell.git(
-        REPO_ROOT, "archive", "-o", str(archive), OLDEST_RELEASE,
-        *[part for part in TEMPLATE_PARTS if part in listed],
-    )  # fmt: skip
-    shell.ok(["tar", "-xf", archive, "-C", old], base)
-    _replace_tree(repo, old)
-    _tag(shell, repo, "v0.1.0")
+    # v0.1.0 and v0.1.5: earlier states, exactly as this repository committed them.
+    for commit, tag in ((OLDEST_RELEASE, "v0.1.0"), (LAST_LANDING, LAST_LANDING_TAG)):
+        _replace_tree(repo, _committed_template(shell, base, commit))
+        _tag(shell, repo, tag)
 
     # v0.2.0: the working tree under test.
     _replace_tree(repo, REPO_ROOT)
@@ -867,6 +879,172 @@ def test_a_user_revision_and_a_new_template_revision_both_upgrade(
     tables, version_rows = _schema(versions, project, database_url)
     assert {"jobs", "user_notes", "update_probe"} <= tables
     assert version_rows == {PROBE_REVISION, user_revision}
+
+
+# 8. From the last landing: the user-owned files keep working ----------------------------------
+
+
+@dataclass
+class LandedUpdate:
+    """research-pipeline rendered at the last landing, committed, updated to v0.2.0."""
+
+    project: Path
+    before: dict[str, bytes]  # every file as the last landing rendered it
+    untouched: Path  # a copy of the project before the update, for a user to edit
+    update: subprocess.CompletedProcess[str]
+
+
+def _landed_example(versions: Versions, name: str) -> dict[str, Any]:
+    """An example's answers as the last landing wrote them (all its questions, no newer ones)."""
+    text = versions.shell.git(REPO_ROOT, "show", f"{LAST_LANDING}:examples/{name}.yml")
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def _service_imports(project: Path, paths: list[str]) -> set[tuple[str, str]]:
+    """(module, name) for each import of the service's own package in `paths`, the package
+    written `<pkg>`; the user's agent modules (`<pkg>.agents...`) are left out."""
+    package = package_of(project)
+    found = set()
+    for path in paths:
+        for node in ast.walk(ast.parse((project / path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                pairs = [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                pairs = [(alias.name, "") for alias in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                if module == package or module.startswith(f"{package}."):
+                    generic = "<pkg>" + module[len(package) :]
+                    if not generic.startswith("<pkg>.agents"):
+                        found.add((generic, name))
+    return found
+
+
+def _user_owned_python(versions: Versions, project: Path) -> list[str]:
+    owned = versions.user_owned(LAST_LANDING_TAG, package_of(project))
+    return [p for p in sorted(files(project)) if p.endswith(".py") and owned.match_file(p)]
+
+
+@pytest.fixture(scope="module")
+def landed_update(versions: Versions, tmp_path_factory: pytest.TempPathFactory) -> LandedUpdate:
+    base = tmp_path_factory.mktemp("landed")
+    project = versions.generate(base / "project", LAST_LANDING_TAG, _landed_example(
+        versions, "research-pipeline"
+    ))  # fmt: skip
+    untouched = base / "untouched"
+    shutil.copytree(project, untouched, symlinks=True)
+    before = files(project)
+    update = versions.update(project, "--vcs-ref", "v0.2.0")
+    return LandedUpdate(project, before, untouched, update)
+
+
+@pytest.mark.slow
+def test_the_kept_agent_tests_of_the_last_landing_pass_against_the_updated_service(
+    versions: Versions, landed_update: LandedUpdate, tmp_path: Path
+) -> None:
+    """The old tests/agents (user-owned: the update keeps them) import internal modules by
+    their paths of that day; after the update they run, unchanged, against the new code.
+
+    One answer set runs: research-pipeline's agents take every branch of the agent and test
+    templates that support-desk's take (unpaid, paid with a cap) plus the pipeline, so its
+    user-owned files import every path support-desk's import (checked below on a render).
+    Both databases run these tests in the render suites; the import paths are the same on
+    each, so SQLite alone runs here.
+    """
+    project = landed_update.project
+    assert landed_update.update.returncode == 0, landed_update.update.stderr[-4000:]
+    kept = _user_owned_python(versions, project)
+    tests = [path for path in kept if path.startswith("tests/agents/")]
+    assert len(tests) == 4, kept
+    for path in kept:
+        assert (project / path).read_bytes() == landed_update.before[path], f"{path} changed"
+    imports = _service_imports(project, kept)
+    internal = {module for module, _ in imports} - {"<pkg>.agent", "<pkg>.testing"}
+    assert internal, "the old tests import no internal module: this test would prove nothing"
+
+    support_desk = versions.generate(
+        tmp_path / "support-desk", LAST_LANDING_TAG, _landed_example(versions, "support-desk"),
+        commit=False,
+    )  # fmt: skip
+    missing = _service_imports(support_desk, _user_owned_python(versions, support_desk)) - imports
+    assert missing == set(), "support-desk imports what research-pipeline does not: run it too"
+
+    result = versions.shell.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/agents"],
+        project,
+        timeout=600,
+        PYTHONPATH=str(project / "src"),
+        TEST_DATABASES="sqlite",
+    )
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert re.search(r"\b[1-9]\d* passed", summary) and "skipped" not in summary, summary
+
+
+# Files the update may remove although a user may have edited them, each with the reason it
+# is safe: Copier 9.19 deletes a file the new version no longer renders even when the user
+# edited it (exit 0, no conflict, `git status` shows ` D`). Keys are paths with the package
+# written `<pkg>`, e.g. "src/<pkg>/limits.py".
+REMOVED_ON_PURPOSE: dict[str, str] = {}
+
+
+def test_no_template_owned_file_of_the_last_landing_disappears_in_the_update(
+    versions: Versions, landed_update: LandedUpdate
+) -> None:
+    """A module that moves keeps a file at its old path (a shim for one release), so a user's
+    edit there meets the template's change as a conflict instead of vanishing."""
+    project = landed_update.project
+    assert landed_update.update.returncode == 0, landed_update.update.stderr[-4000:]
+    package = package_of(project)
+    removed = {
+        path.replace(f"/{package}/", "/<pkg>/")
+        for path in set(landed_update.before) - set(files(project))
+    }
+    assert sorted(removed - set(REMOVED_ON_PURPOSE)) == []
+
+
+def _line_at_a_change(old: list[str], new: list[str]) -> int | None:
+    """The index in `old` of a non-blank line the template rewrote, or else of the line
+    right before lines it inserted: an edit there overlaps the template's change."""
+    rewritten = _changed_line(old, new)
+    if rewritten is not None:
+        return rewritten
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, _, _, _ in matcher.get_opcodes():
+        if tag == "insert" and i1 > 0 and old[i1 - 1].strip():
+            return i1 - 1
+    return None
+
+
+def test_an_edit_to_a_template_owned_file_changed_since_the_last_landing_becomes_a_conflict(
+    versions: Versions, landed_update: LandedUpdate
+) -> None:
+    project = landed_update.untouched
+    updated = landed_update.project
+    owned = versions.user_owned("v0.2.0", package_of(project))
+    for path in sorted(landed_update.before):
+        if not path.endswith(".py") or owned.match_file(path) or not (updated / path).is_file():
+            continue
+        old = (project / path).read_text().splitlines(keepends=True)
+        line = _line_at_a_change(old, (updated / path).read_text().splitlines(keepends=True))
+        if line is not None:
+            break
+    else:
+        pytest.fail("no template-owned Python file changed since the last landing")
+    user_line = "# user rewrote this line: " + old[line].strip() + "\n"
+    old[line] = user_line
+    (project / path).write_text("".join(old))
+    versions.commit_all(project, "user edit")
+
+    result = versions.update(project, "--vcs-ref", "v0.2.0")
+    assert result.returncode == 0, result.stderr[-4000:]
+    text = (project / path).read_text()
+    assert "<<<<<<< before updating" in text and ">>>>>>> after updating" in text, path
+    assert user_line in text
+    status = versions.shell.git(project, "status", "--porcelain").splitlines()
+    assert f"UU {path}" in status
 
 
 # Adopting the template into an existing service (README: "Adopting the template") -----------
