@@ -830,7 +830,7 @@ def _schema(versions: Versions, project: Path, url: str) -> tuple[set[str], set[
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("update")  # one `versions` build for the three
+@pytest.mark.xdist_group("update")  # the slow update tests share one `versions` build
 def test_a_user_revision_and_a_new_template_revision_both_upgrade(
     versions: Versions, tmp_path: Path, database_url: str
 ) -> None:
@@ -941,6 +941,7 @@ def landed_update(versions: Versions, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("update")  # the slow update tests share one `versions` build
 def test_the_kept_agent_tests_of_the_last_landing_pass_against_the_updated_service(
     versions: Versions, landed_update: LandedUpdate, tmp_path: Path
 ) -> None:
@@ -1072,7 +1073,7 @@ def downgrade() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("update")  # one `versions` build for the three
+@pytest.mark.xdist_group("update")  # the slow update tests share one `versions` build
 def test_an_existing_service_adopts_the_template_keeps_its_revisions_and_then_updates(
     versions: Versions, tmp_path: Path
 ) -> None:
