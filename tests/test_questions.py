@@ -243,7 +243,7 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     ),
     "bad-agent-name": (
         ["agents={Bad-Name: {paid: false, timeout_s: 60, lane: default}}"],
-        'write bad_name or another agent name of lowercase letters, digits and underscores '
+        "write bad_name or another agent name of lowercase letters, digits and underscores "
         'starting with a letter; agent name "Bad-Name" is not a valid Python module name',
     ),
     "fans-out-to-an-unknown-agent": (
@@ -284,7 +284,7 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     ),
     "paid-yes-string": (
         [_agent(paid='"yes"')],
-        'write paid: true for agent summarize if its jobs spend money, else paid: false; its '
+        "write paid: true for agent summarize if its jobs spend money, else paid: false; its "
         'paid "yes" is not a boolean',
     ),
     "unknown-agent-key": (

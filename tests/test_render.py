@@ -273,3 +273,12 @@ def test_the_demo_runs_end_to_end_on_the_embedded_defaults(
         ("summarize", "completed"),
         ("summarize", "failed"),
     ]
+    # Only what a person needs: no Alembic set-up or migration lines, the test doubles said
+    # to be test doubles, and the next step last.
+    assert "alembic" not in result.stderr.lower(), result.stderr
+    assert "scripted and scripted_paid are test doubles from minimal_worker.testing" in (
+        " ".join(result.stdout.split())
+    ), result.stdout
+    assert result.stdout.strip().split("\n\n")[-1].startswith("Next: write your agent in "), (
+        result.stdout
+    )
