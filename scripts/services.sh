@@ -10,6 +10,9 @@
 #   ensure_chromium       make /usr/bin/chromium available for the console's browser tests
 #                         (apt-get installs Debian's `chromium` when missing and we are root;
 #                         Playwright drives it and never downloads a browser of its own).
+#   ensure_tmux           make `tmux` available on PATH for the prompt tests (tests/test_prompts.py
+#                         drives `copier copy` in an 80-column terminal; apt-get installs it when
+#                         missing and we are root).
 #   start_postgres        throwaway PostgreSQL cluster in a temp dir, run as an unprivileged
 #                         user, on a free 127.0.0.1 port; exports TEST_DATABASE_URL (superuser,
 #                         can CREATE DATABASE) plus TEST_PG_HOST/TEST_PG_PORT/TEST_PG_BINDIR.
@@ -151,6 +154,19 @@ ensure_chromium() {
   fi
   _svc_apt_install chromium
   [ -x /usr/bin/chromium ] || _svc_die "/usr/bin/chromium still missing after apt-get install"
+}
+
+# ---- tmux (the real Copier prompts in an 80-column terminal) -------------------------------------
+ensure_tmux() {
+  if command -v tmux >/dev/null 2>&1; then
+    return 0
+  fi
+  if ! _svc_is_root; then
+    echo "error: tmux not found on PATH; install it (e.g. sudo apt-get install -y tmux) and re-run" >&2
+    exit 1
+  fi
+  _svc_apt_install tmux
+  command -v tmux >/dev/null 2>&1 || _svc_die "tmux still not on PATH after apt-get install"
 }
 
 # ---- PostgreSQL -----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 #
 # 1. creates .venv and installs requirements-dev.txt (skipped when unchanged),
 # 2. makes sure redis-server, prometheus and promtool are on PATH (tests start their own),
-#    and that Debian's chromium is installed (the rendered console's browser tests),
+#    that Debian's chromium is installed (the rendered console's browser tests) and tmux (the
+#    prompts in an 80-column terminal),
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
 # 4. runs the suite from the repo root: with arguments, `pytest tests --durations=25 "$@"`;
 #    without, the quick tests in two processes (`-m "not slow" -n 2`) and then the slow ones
@@ -26,6 +27,7 @@ cd "$ROOT"
 ensure_venv
 ensure_redis_server
 ensure_chromium
+ensure_tmux
 export TEST_REDIS_SERVER
 TEST_REDIS_SERVER="$(command -v redis-server)"
 ensure_prometheus

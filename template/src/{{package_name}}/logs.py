@@ -20,8 +20,10 @@ Format = Literal["json", "console", "people"]
 # arq logs two lines per job (start, end) and one health line per minute, at info; the
 # runner's own lines say what a person needs, so arq's are shown from warning up unless
 # debug logs were asked for. The model SDKs' HTTP clients (httpx, httpx2) log every request
-# at info; the paid calls are in the job's own records, so those are quiet too.
-QUIET_LOGGERS = ("arq", "httpx", "httpx2")
+# at info; the paid calls are in the job's own records, so those are quiet too. Alembic logs
+# its plugin set-up and every migration step at info: `db upgrade` prints a one-line summary
+# instead (the steps with -v), and a worker or `dev` shows them with debug logs.
+QUIET_LOGGERS = ("arq", "httpx", "httpx2", "alembic")
 
 
 def configure(fmt: Format = "json", level: int = logging.INFO) -> None:

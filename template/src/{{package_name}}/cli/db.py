@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated
 
 import typer
@@ -12,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .. import catalog, spend
 from ..db import create_engine, migrate
 from ..settings import Settings, redact_url
-from .app import app
+from .app import app, options
 from .support import fail, load_settings
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
@@ -23,8 +24,14 @@ app.add_typer(db_app, name="db")
 def db_upgrade(
     revision: Annotated[str, typer.Option(help="Target revision.")] = "heads",
 ) -> None:
-    """Create or upgrade the job tables (Alembic)."""
+    """Create or upgrade the job tables (Alembic); one line says what changed (each
+    migration step too with -v)."""
     settings = load_settings()
+    steps = _StepCounter()
+    migration_log = logging.getLogger("alembic.runtime.migration")
+    migration_log.setLevel(logging.INFO)
+    migration_log.propagate = options.verbose
+    migration_log.addHandler(steps)
     try:
         migrate(settings, revision)
         seeded = asyncio.run(seed_caps(settings))
@@ -34,9 +41,24 @@ def db_upgrade(
             f"{str(exc).splitlines()[0]}",
             code=1,
         )
-    typer.echo(f"database at {redact_url(settings.database_url)} is at {revision}")
+    finally:
+        migration_log.removeHandler(steps)
+    done = f"applied {steps.count} migrations" if steps.count else "nothing to apply"
+    typer.echo(f"database at {redact_url(settings.database_url)} is at {revision}: {done}")
     for agent in seeded:
         typer.echo(f"seeded the daily spend cap of {agent} from the template answers")
+
+
+class _StepCounter(logging.Handler):
+    """Counts Alembic's "Running upgrade" records, which are not shown without -v."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Running upgrade"):
+            self.count += 1
 
 
 async def seed_caps(settings: Settings) -> list[str]:
