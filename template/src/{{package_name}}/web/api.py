@@ -31,6 +31,7 @@ from . import bodies
 from .auth import bearer_principal, require
 from .inputs import (
     InputError,
+    blank,
     checked,
     optional_str,
     parse_cap,
@@ -195,7 +196,7 @@ def _resolution(body: dict[str, Any]) -> tuple[str, str]:
             400, '"outcome" must be one of ' + ", ".join(f'"{o}"' for o in dlq.OUTCOMES)
         )
     note = optional_str(body, "note", bodies.MAX_TEXT)
-    if not (note and note.strip()):
+    if note is None or blank(note):
         raise InputError(400, 'give "note": what the provider showed')
     return outcome, note
 
@@ -313,7 +314,7 @@ async def decide_approval(request: Request, services: Services, principal: Princ
     if not isinstance(approved, bool):
         raise InputError(400, '"approved" must be true (approve) or false (reject)')
     reason = optional_str(body, "reason", bodies.MAX_TEXT)
-    if not approved and not (reason and reason.strip()):
+    if not approved and blank(reason):
         raise InputError(400, 'a rejection needs "reason": the job fails with it')
     checked(bodies.Decide, body)
     try:

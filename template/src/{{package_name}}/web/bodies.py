@@ -27,9 +27,15 @@ Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 Usd = Annotated[str, Field(description="Dollars as a decimal string, never a float.")]
 Outcome = Literal["completed", "failed", "retry", "not-charged"]
 assert set(OUTCOMES) == set(get_args(Outcome)), "dlq.OUTCOMES and Outcome differ"
-Note = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=r"\S")]
+# What counts as blank, spelled out: `\s` means different sets in Python, in pydantic's regex
+# engine and in JSON Schema's (ECMA 262), and the server and the document must agree.
+BLANK = " \t\n\v\f\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NOT_BLANK = f"[^{BLANK}]"
+Note = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NOT_BLANK)]
 Reason = Annotated[str, Field(max_length=MAX_TEXT)]
-Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+# Lax: JSON Schema counts 418.0 as an integer, so the server takes it too (inputs.parse_count
+# has already refused strings and booleans).
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH, strict=False)]
 
 
 class Request(BaseModel):
@@ -94,7 +100,7 @@ class Approve(Request):
 
 class Reject(Request):
     approved: Literal[False]
-    reason: Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=r"\S")]
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NOT_BLANK)]
 
 
 class Decide(RootModel[Approve | Reject]):

@@ -9,6 +9,7 @@ and all, so the three doors refuse the same things.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -69,8 +70,16 @@ def parse_limit(text: str | None, most: int = bodies.MAX_LIST) -> int:
     return int(text)
 
 
+def blank(text: str | None) -> bool:
+    """No character but whitespace (bodies.BLANK, the set the document's pattern uses)."""
+    return text is None or re.search(bodies.NOT_BLANK, text) is None
+
+
 def parse_count(limit: Any) -> int:
-    """The "limit" of a replay or resolve by cause: 1 to MAX_BATCH jobs."""
+    """The "limit" of a replay or resolve by cause: 1 to MAX_BATCH jobs (418.0 is 418, as
+    JSON Schema reads it)."""
+    if isinstance(limit, float) and limit.is_integer():
+        limit = int(limit)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= bodies.MAX_BATCH:
         raise InputError(
             400, f'"limit" must be a whole number of jobs from 1 to {bodies.MAX_BATCH}'
