@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, case, exists, func, insert, or_, select, update
+from sqlalchemy import Select, and_, case, exists, func, insert, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -679,6 +679,37 @@ async def scheduled_counts(conn: AsyncConnection, *, now: datetime) -> dict[str,
     """Per lane, how many `queued` jobs are not due yet (run_after in the future: a delayed
     submit, a retry backing off, a rate-limit deferral)."""
     return {lane: int(count) for lane, count in await conn.execute(scheduled_query(now))}
+
+
+FINISHED_BADLY = frozenset({JobState.FAILED, JobState.DEAD_LETTERED, JobState.DENIED})
+
+
+async def finished_per_bucket(
+    conn: AsyncConnection, *, start: datetime, width: timedelta, buckets: int
+) -> list[tuple[int, int]]:
+    """(completed, failed) per bucket of `width` from `start`, oldest first: jobs that
+    finished then, counted by the database in one GROUP BY (the console's last-hour chart).
+    A job that finished after the last bucket's end counts in the last one; failed means
+    failed, dead_lettered or denied."""
+    bounds = [(jobs.c.finished_at < start + width * (i + 1), i) for i in range(buckets - 1)]
+    slot = case(*bounds, else_=buckets - 1) if bounds else literal(0)
+    failed = jobs.c.state.in_([s.value for s in FINISHED_BADLY])
+    # Grouped over a subquery's labels: PostgreSQL sees the CASE in SELECT and GROUP BY as
+    # two expressions when their bound times are separate parameters.
+    finished = (
+        select(slot.label("slot"), failed.label("failed"))
+        .where(jobs.c.finished_at >= start)
+        .subquery()
+    )
+    rows = await conn.execute(
+        select(finished.c.slot, finished.c.failed, func.count()).group_by(
+            finished.c.slot, finished.c.failed
+        )
+    )
+    counts = [[0, 0] for _ in range(buckets)]
+    for index, bad, count in rows:
+        counts[int(index)][1 if bad else 0] += int(count)
+    return [(done, bad) for done, bad in counts]
 
 
 # `/metrics` runs these two every few seconds: each reads `queued` rows only, through the

@@ -4,8 +4,9 @@
 Errors are `{"error": "<one sentence>"}`: 400 bad input (nothing written), 401 no valid
 token, 403 a role that may not, 404 no such job, 409 a state conflict, and 500 with an
 `error_id` that the log line of the traceback carries (app.py). Numbers and money are read
-by the same functions as the CLI's (`submit.parse_delay`, `spend.parse_usd`), bounds and all.
-The document at /api/openapi.json describes every route (a test holds the two together).
+by the same functions as the CLI's (`submit.parse_delay`, `spend.parse_usd`), bounds and all;
+inputs.py holds the readers the console shares. Every body in and out goes through its model
+in bodies.py, from which openapi.py builds the document at /api/openapi.json.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -23,31 +25,28 @@ from starlette.routing import BaseRoute, Route
 from .. import actions, approvals, audit, catalog, dlq, job_store, paid_calls, spend, stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
-from ..submit import RecordedNotQueued, SubmitError, parse_delay
+from ..submit import RecordedNotQueued, SubmitError, parse_delay, priority_rank
 from ..tokens import Principal, Role
+from . import bodies
 from .auth import bearer_principal, require
-from .openapi import OPENAPI
+from .inputs import (
+    InputError,
+    blank,
+    checked,
+    optional_str,
+    parse_cap,
+    parse_count,
+    parse_limit,
+    parse_state,
+)
+from .services import Services
 
-if TYPE_CHECKING:
-    from .app import Services
-
-MAX_LIST = 500
-MAX_BATCH = 10_000  # jobs one replay or resolve by cause may touch
 BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
 JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
 
 
-class ApiError(Exception):
-    """A refused request: its HTTP status and one sentence saying what to do."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-Handler = Callable[[Request, "Services", Principal], Awaitable[Response]]
+Handler = Callable[[Request, Services, Principal], Awaitable[Response]]
 
 
 def endpoint(role: Role) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
@@ -76,23 +75,26 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     body = await _json_object(request, JOB_FIELDS)
     agent = body.get("agent")
     if not isinstance(agent, str):
-        raise ApiError(400, 'give "agent", the name of an agent, as a string')
+        raise InputError(400, 'give "agent", the name of an agent, as a string')
     if "payload" not in body:
-        raise ApiError(400, 'give "payload", a JSON object, e.g. {"text": "hello"}')
-    owner = _optional_str(body, "owner", 200)
+        raise InputError(400, 'give "payload", a JSON object, e.g. {"text": "hello"}')
+    owner = optional_str(body, "owner", bodies.MAX_OWNER)
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 200:
-        raise ApiError(400, "the Idempotency-Key header must be 1 to 200 characters")
+        raise InputError(400, "the Idempotency-Key header must be 1 to 200 characters")
     delay_s = body.get("delay_s")
     if delay_s is not None and (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)):
-        raise ApiError(400, '"delay_s" must be a number of seconds, e.g. 60')
-    priority = body.get("priority") or "normal"
+        raise InputError(400, '"delay_s" must be a number of seconds, e.g. 60')
+    priority = body.get("priority", "normal")
     if not isinstance(priority, str):
-        raise ApiError(400, '"priority" must be "high", "normal" or "low"')
+        raise InputError(400, '"priority" must be "high", "normal" or "low"')
     warning, created = None, True
     try:
         if delay_s is not None:
             delay_s = parse_delay(delay_s, field='"delay_s"')
+        services.submitter.check(agent, body["payload"])
+        priority_rank(priority)
+        checked(bodies.SubmitJob, body)
         job_id, created = await services.submitter.submit_or_get(
             agent,
             body["payload"],
@@ -102,7 +104,7 @@ async def submit_job(request: Request, services: Services, principal: Principal)
             priority=priority,
         )
     except SubmitError as exc:
-        raise ApiError(400, str(exc)) from None
+        raise InputError(400, str(exc)) from None
     except RecordedNotQueued as exc:
         job_id, warning = exc.job_id, str(exc)
     async with services.engine.connect() as conn:
@@ -111,7 +113,7 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     out: dict[str, Any] = {"id": job.id, "state": job.state.value}
     if warning:
         out["warning"] = warning
-    return JSONResponse(out, status_code=201 if created else 200)
+    return reply(bodies.Submitted, out, 201 if created else 200)
 
 
 @endpoint(Role.VIEWER)
@@ -121,14 +123,14 @@ async def get_job(request: Request, services: Services, principal: Principal) ->
     async with services.engine.connect() as conn:
         job = await job_store.get_job(conn, job_id)
         if job is None:
-            raise ApiError(404, f"no job with id {job_id}")
+            raise InputError(404, f"no job with id {job_id}")
         out = job.as_dict()
         out["attempt_log"] = [
             _plain(a.__dict__) for a in await job_store.job_attempts(conn, job_id)
         ]
         out["paid_calls"] = [_plain(c.__dict__) for c in await paid_calls.calls_of(conn, job_id)]
         out["audit"] = [e.as_dict() for e in await audit.entries(conn, target=job_id)]
-    return JSONResponse(out)
+    return reply(bodies.JobDetail, out)
 
 
 @endpoint(Role.VIEWER)
@@ -137,9 +139,9 @@ async def list_jobs(request: Request, services: Services, principal: Principal) 
     query = request.query_params
     unknown = set(query) - {"state", "agent", "owner", "limit", "before"}
     if unknown:
-        raise ApiError(400, f"unknown parameter {sorted(unknown)[0]!r}")
+        raise InputError(400, f"unknown parameter {sorted(unknown)[0]!r}")
     state = parse_state(query.get("state"))
-    limit = parse_limit(query.get("limit"), MAX_LIST)
+    limit = parse_limit(query.get("limit"), bodies.MAX_LIST)
     async with services.engine.connect() as conn:
         found = await job_store.list_jobs(
             conn,
@@ -150,7 +152,9 @@ async def list_jobs(request: Request, services: Services, principal: Principal) 
             limit=limit,
         )
     next_before = found[-1].id if len(found) == limit else None
-    return JSONResponse({"jobs": [j.as_dict() for j in found], "next_before": next_before})
+    return reply(
+        bodies.JobsPage, {"jobs": [j.as_dict() for j in found], "next_before": next_before}
+    )
 
 
 @endpoint(Role.OPERATOR)
@@ -160,7 +164,7 @@ async def cancel_job(request: Request, services: Services, principal: Principal)
     await _json_object(request, (), empty_ok=True)
     if not await actions.cancel(services.engine, job_id, actor=principal.name):
         await _conflict_or_missing(services, job_id, "is not queued or parked")
-    return JSONResponse({"id": job_id, "state": JobState.CANCELLED.value})
+    return reply(bodies.Moved, {"id": job_id, "state": JobState.CANCELLED.value})
 
 
 @endpoint(Role.OPERATOR)
@@ -169,6 +173,7 @@ async def resolve_job(request: Request, services: Services, principal: Principal
     job_id = request.path_params["job_id"]
     body = await _json_object(request, ("outcome", "note"))
     outcome, note = _resolution(body)
+    checked(bodies.Resolve, body)
     try:
         state = await actions.resolve(
             services.settings,
@@ -180,17 +185,19 @@ async def resolve_job(request: Request, services: Services, principal: Principal
         )
     except dlq.ReplayRefused:
         await _conflict_or_missing(services, job_id, "is not in_doubt")
-    return JSONResponse({"id": job_id, "state": state.value})
+    return reply(bodies.Moved, {"id": job_id, "state": state.value})
 
 
 def _resolution(body: dict[str, Any]) -> tuple[str, str]:
-    """The outcome and note of a resolution; ApiError(400) when invalid."""
+    """The outcome and note of a resolution; InputError(400) when invalid."""
     outcome = body.get("outcome")
     if outcome not in dlq.OUTCOMES:
-        raise ApiError(400, '"outcome" must be one of ' + ", ".join(f'"{o}"' for o in dlq.OUTCOMES))
-    note = _optional_str(body, "note", 2000)
-    if not note:
-        raise ApiError(400, 'give "note": what the provider showed')
+        raise InputError(
+            400, '"outcome" must be one of ' + ", ".join(f'"{o}"' for o in dlq.OUTCOMES)
+        )
+    note = optional_str(body, "note", bodies.MAX_TEXT)
+    if note is None or blank(note):
+        raise InputError(400, 'give "note": what the provider showed')
     return outcome, note
 
 
@@ -202,7 +209,7 @@ async def dlq_causes(request: Request, services: Services, principal: Principal)
     """Parked jobs grouped by cause, largest group first."""
     async with services.engine.connect() as conn:
         groups = await dlq.causes(conn)
-    return JSONResponse([g.as_dict() for g in groups])
+    return reply(bodies.Causes, [g.as_dict() for g in groups])
 
 
 @endpoint(Role.OPERATOR)
@@ -215,7 +222,7 @@ async def dlq_replay(request: Request, services: Services, principal: Principal)
             services.settings, services.engine, approved_by=principal.name, **request_
         )
     except dlq.ReplayRefused as exc:
-        raise ApiError(400, str(exc)) from None
+        raise InputError(400, str(exc)) from None
     chosen = [j.id for j in outcome.plan.replay] if request_["dry_run"] else outcome.replayed
     out: dict[str, Any] = {
         "dry_run": request_["dry_run"],
@@ -227,8 +234,8 @@ async def dlq_replay(request: Request, services: Services, principal: Principal)
     if not chosen and outcome.plan.skipped:
         first = outcome.plan.skipped[0]
         out["error"] = f"no job was replayed; {first[0]}: {first[1]}"
-        return JSONResponse(out, status_code=409)
-    return JSONResponse(out)
+        return reply(bodies.NoneReplayed, out, 409)
+    return reply(bodies.Replayed, out)
 
 
 @endpoint(Role.OPERATOR)
@@ -237,9 +244,10 @@ async def dlq_resolve(request: Request, services: Services, principal: Principal
     body = await _json_object(request, ("cause_id", "limit", "outcome", "note"))
     cause, limit = body.get("cause_id"), body.get("limit")
     if not isinstance(cause, str) or not cause:
-        raise ApiError(400, 'give "cause_id": a cause id from /api/dlq/causes')
-    limit = _count(limit)
+        raise InputError(400, 'give "cause_id": a cause id from /api/dlq/causes')
+    limit = parse_count(limit)
     outcome, note = _resolution(body)
+    checked(bodies.ResolveCause, body)
     resolved = await actions.resolve_cause(
         services.settings,
         services.engine,
@@ -250,45 +258,40 @@ async def dlq_resolve(request: Request, services: Services, principal: Principal
         note=note,
     )
     if not resolved:
-        raise ApiError(409, f"no in_doubt job has cause {cause}; see /api/dlq/causes")
-    return JSONResponse(
-        {"resolved": [{"id": job_id, "state": state.value} for job_id, state in resolved]}
+        raise InputError(409, f"no in_doubt job has cause {cause}; see /api/dlq/causes")
+    return reply(
+        bodies.Resolved,
+        {"resolved": [{"id": job_id, "state": state.value} for job_id, state in resolved]},
     )
 
 
 def parse_replay(body: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of `actions.replay` from a request body; ApiError(400) when invalid."""
+    """The arguments of `actions.replay` from a request body; InputError(400) when invalid."""
     cause, job_ids, limit = body.get("cause_id"), body.get("job_ids"), body.get("limit")
     if (cause is None) == (job_ids is None):
-        raise ApiError(400, 'give either "cause_id" (with "limit") or "job_ids", not both')
+        raise InputError(400, 'give either "cause_id" (with "limit") or "job_ids", not both')
     if cause is not None and not isinstance(cause, str):
-        raise ApiError(400, '"cause_id" must be a cause id string from /api/dlq/causes')
+        raise InputError(400, '"cause_id" must be a cause id string from /api/dlq/causes')
     if job_ids is not None and (
         not isinstance(job_ids, list) or not job_ids or not all(isinstance(i, str) for i in job_ids)
     ):
-        raise ApiError(400, '"job_ids" must be a non-empty list of job id strings')
+        raise InputError(400, '"job_ids" must be a non-empty list of job id strings')
     if cause is not None and limit is None:
-        raise ApiError(400, 'a replay by "cause_id" needs "limit": how many jobs at most')
+        raise InputError(400, 'a replay by "cause_id" needs "limit": how many jobs at most')
     if limit is not None:
-        limit = _count(limit)
+        limit = parse_count(limit)
     for flag in ("allow_spent", "dry_run"):
         if not isinstance(body.get(flag, False), bool):
-            raise ApiError(400, f'"{flag}" must be true or false')
+            raise InputError(400, f'"{flag}" must be true or false')
+    checked(bodies.Replay, body)
     return {
         "job_ids": job_ids or [],
         "cause": cause,
         "limit": limit,
-        "reason": _optional_str(body, "reason", 2000),
+        "reason": optional_str(body, "reason", bodies.MAX_TEXT),
         "allow_spent": body.get("allow_spent", False),
         "dry_run": body.get("dry_run", False),
     }
-
-
-def _count(limit: Any) -> int:
-    """The "limit" of a replay or resolve by cause: 1 to MAX_BATCH jobs."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
-        raise ApiError(400, f'"limit" must be a whole number of jobs from 1 to {MAX_BATCH}')
-    return limit
 
 
 # Approvals --------------------------------------------------------------------------------
@@ -299,7 +302,7 @@ async def list_approvals(request: Request, services: Services, principal: Princi
     """Pending approvals, oldest first."""
     async with services.engine.connect() as conn:
         found = await approvals.pending(conn)
-    return JSONResponse([_plain(a.as_dict()) for a in found])
+    return reply(bodies.Approvals, [_plain(a.as_dict()) for a in found])
 
 
 @endpoint(Role.OPERATOR)
@@ -309,10 +312,11 @@ async def decide_approval(request: Request, services: Services, principal: Princ
     body = await _json_object(request, ("approved", "reason"))
     approved = body.get("approved")
     if not isinstance(approved, bool):
-        raise ApiError(400, '"approved" must be true (approve) or false (reject)')
-    reason = _optional_str(body, "reason", 2000)
-    if not approved and not (reason and reason.strip()):
-        raise ApiError(400, 'a rejection needs "reason": the job fails with it')
+        raise InputError(400, '"approved" must be true (approve) or false (reject)')
+    reason = optional_str(body, "reason", bodies.MAX_TEXT)
+    if not approved and blank(reason):
+        raise InputError(400, 'a rejection needs "reason": the job fails with it')
+    checked(bodies.Decide, body)
     try:
         state = await actions.decide(
             services.settings,
@@ -324,7 +328,7 @@ async def decide_approval(request: Request, services: Services, principal: Princ
         )
     except approvals.ApprovalError as exc:
         await _conflict_or_missing(services, job_id, f"has no pending approval ({exc})")
-    return JSONResponse({"id": job_id, "state": state.value})
+    return reply(bodies.Moved, {"id": job_id, "state": state.value})
 
 
 # Service -----------------------------------------------------------------------------------
@@ -338,12 +342,12 @@ async def get_stats(request: Request, services: Services, principal: Principal) 
     try:
         queue = await JobQueue.connect(services.settings, conn_retries=0)
     except QueueUnavailable as exc:
-        raise ApiError(503, str(exc)) from None
+        raise InputError(503, str(exc)) from None
     try:
         depths = await stats.lane_depths(queue, catalog.LANES)
     finally:
         await queue.close()
-    return JSONResponse(stats.as_json(service, depths, catalog.LANES))
+    return reply(bodies.Stats, stats.as_json(service, depths, catalog.LANES))
 
 
 @endpoint(Role.VIEWER)
@@ -352,7 +356,7 @@ async def get_caps(request: Request, services: Services, principal: Principal) -
     today = datetime.now(UTC).date()
     async with services.engine.connect() as conn:
         caps = await spend.caps_for_day(conn, today)
-    return JSONResponse([c.as_dict(today) for c in caps])
+    return reply(bodies.Caps, [c.as_dict(today) for c in caps])
 
 
 @endpoint(Role.ADMIN)
@@ -366,33 +370,20 @@ async def set_cap(request: Request, services: Services, principal: Principal) ->
             agent,
             amount,
             approved_by=principal.name,
-            reason=_optional_str(body, "reason", 2000),
+            reason=optional_str(body, "reason", bodies.MAX_TEXT),
         )
     except spend.CapChangeRefused as exc:
-        raise ApiError(400, str(exc)) from None
-    return JSONResponse(
-        {"agent": agent, "old_usd": None if old is None else str(old), "usd": str(new)}
+        raise InputError(400, str(exc)) from None
+    return reply(
+        bodies.CapChanged,
+        {"agent": agent, "old_usd": None if old is None else str(old), "usd": str(new)},
     )
-
-
-def parse_cap(body: dict[str, Any]) -> tuple[str, Decimal]:
-    """(agent, amount) of a cap change; ApiError(400) when invalid. Money is never a float;
-    the rules are the CLI's (`actions.cap_target`, `spend.parse_usd`)."""
-    agent, usd = body.get("agent"), body.get("usd")
-    if not isinstance(agent, str):
-        raise ApiError(400, '"agent" must be the name of a paid agent, or "*" for the global cap')
-    if not isinstance(usd, str):
-        raise ApiError(400, '"usd" must be a string like "25.00" (never a float)')
-    try:
-        return actions.cap_target(agent), spend.parse_usd(usd, field='"usd"')
-    except spend.CapChangeRefused as exc:
-        raise ApiError(400, str(exc)) from None
 
 
 @endpoint(Role.VIEWER)
 async def list_audit(request: Request, services: Services, principal: Principal) -> Response:
     """The newest audit entries, newest first."""
-    limit = parse_limit(request.query_params.get("limit"), MAX_LIST)
+    limit = parse_limit(request.query_params.get("limit"), bodies.MAX_LIST)
     async with services.engine.connect() as conn:
         entries = await audit.recent(
             conn,
@@ -400,12 +391,19 @@ async def list_audit(request: Request, services: Services, principal: Principal)
             actor=request.query_params.get("actor"),
             target=request.query_params.get("target"),
         )
-    return JSONResponse([e.as_dict() for e in entries])
+    return reply(bodies.AuditLog, [e.as_dict() for e in entries])
 
 
 async def openapi(request: Request) -> Response:
     """This API's OpenAPI document (public: it holds no data)."""
-    return JSONResponse(OPENAPI)
+    return JSONResponse(request.app.state.openapi)
+
+
+def reply(model: type[BaseModel], content: Any, status: int = 200) -> Response:
+    """A success body built through its model (bodies.py): what the document promises,
+    or a 500 here rather than a surprise for a generated client."""
+    body = model.model_validate(content).model_dump(mode="json", exclude_unset=True)
+    return JSONResponse(body, status_code=status)
 
 
 def routes() -> list[BaseRoute]:
@@ -431,25 +429,6 @@ def routes() -> list[BaseRoute]:
 # Input -------------------------------------------------------------------------------------
 
 
-def parse_state(text: str | None) -> JobState | None:
-    if not text:
-        return None
-    try:
-        return JobState(text)
-    except ValueError:
-        raise ApiError(
-            400, f"unknown state {text!r}; states: {', '.join(s.value for s in JobState)}"
-        ) from None
-
-
-def parse_limit(text: str | None, most: int) -> int:
-    if text is None or text == "":
-        return 50
-    if not (text.isascii() and text.isdigit() and len(text) <= 6) or not 1 <= int(text) <= most:
-        raise ApiError(400, f"limit must be a whole number from 1 to {most} (got {text!r})")
-    return int(text)
-
-
 async def _json_object(
     request: Request, fields: tuple[str, ...], *, empty_ok: bool = False
 ) -> dict[str, Any]:
@@ -464,12 +443,12 @@ async def _json_object(
             if isinstance(exc, json.JSONDecodeError)
             else ""
         )
-        raise ApiError(400, f"the body is not valid JSON{where}; send a JSON object") from None
+        raise InputError(400, f"the body is not valid JSON{where}; send a JSON object") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        raise InputError(400, "the body must be a JSON object")
     unknown = set(body) - set(fields)
     if unknown:
-        raise ApiError(
+        raise InputError(
             400, f"unknown field {sorted(unknown)[0]!r}; fields: {', '.join(fields) or 'none'}"
         )
     return body
@@ -478,7 +457,7 @@ async def _json_object(
 async def _read_body(request: Request) -> bytes:
     """The body, refused (413) unread past the payload limit plus room for the other fields."""
     limit = request.app.state.services.settings.max_payload_bytes + BODY_SLACK
-    too_large = ApiError(413, f"the request body is over {limit} bytes; send a smaller payload")
+    too_large = InputError(413, f"the request body is over {limit} bytes; send a smaller payload")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
@@ -491,21 +470,12 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _optional_str(body: dict[str, Any], name: str, most: int) -> str | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > most:
-        raise ApiError(400, f'"{name}" must be a string of at most {most} characters')
-    return value
-
-
 async def _conflict_or_missing(services: Services, job_id: str, conflict: str) -> NoReturn:
     async with services.engine.connect() as conn:
         job = await job_store.get_job(conn, job_id)
     if job is None:
-        raise ApiError(404, f"no job with id {job_id}")
-    raise ApiError(409, f"job {job_id} {conflict}: it is {job.state.value}")
+        raise InputError(404, f"no job with id {job_id}")
+    raise InputError(409, f"job {job_id} {conflict}: it is {job.state.value}")
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

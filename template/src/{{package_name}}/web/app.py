@@ -22,15 +22,18 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import catalog
+from ..models import GLOBAL
 from ..settings import ENV_PREFIX, Settings, SettingsError
-from ..submit import Submitter
 from . import api, pages
-from .api import ApiError
-from .auth import Denied, SecurityHeaders, Sessions
+from .auth import Denied, SecurityHeaders
+from .inputs import InputError
+from .openapi import document
+from .services import Services
 
 STATIC = Path(__file__).parent / "static"
 SECRET_VAR = f"{ENV_PREFIX}WEB_SECRET"
@@ -67,19 +70,6 @@ def web_secret(settings: Settings, web: WebSettings) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
-class Services:
-    """What the handlers share: settings, the submitter (and its database engine), sessions."""
-
-    def __init__(self, settings: Settings, secret: str, submitter: Submitter | None = None) -> None:
-        self.settings = settings
-        self.submitter = submitter if submitter is not None else Submitter(settings)
-        self.engine = self.submitter.engine
-        self.sessions = Sessions(secret)
-
-    async def close(self) -> None:
-        await self.submitter.close()
-
-
 def create_app(settings: Settings, secret: str) -> Starlette:
     """Build the app; the caller has checked the secret (`web_secret`)."""
     services = Services(settings, secret)
@@ -99,25 +89,58 @@ def create_app(settings: Settings, secret: str) -> Starlette:
         ],
         # Outermost first: the security headers go on every response, the 500s too.
         middleware=[Middleware(SecurityHeaders), Middleware(Unexpected)],
-        exception_handlers={ApiError: on_error, Denied: on_error, HTTPException: on_error},
+        exception_handlers={InputError: on_error, Denied: on_error, HTTPException: on_error},
         lifespan=lifespan,
     )
     app.state.services = services
+    app.state.openapi = document(
+        services.submitter.agents,
+        [GLOBAL, *(name for name, config in catalog.AGENTS.items() if config.paid)],
+        catalog.LANES,
+    )
     return app
 
 
 async def on_error(request: Request, exc: Exception) -> Response:
     """JSON `{"error": ...}` under /api/; a page (or the way to /login) in the console."""
-    if isinstance(exc, ApiError | Denied):
+    headers: dict[str, str] = {}
+    if isinstance(exc, InputError | Denied):
         status, message = exc.status, exc.message
     elif isinstance(exc, HTTPException):
         status, message = exc.status_code, str(exc.detail)
     else:  # pragma: no cover - only the three classes above are registered
         raise exc
+    if status == 405:  # every method of the path, not only those of the route tried first
+        # Matched afresh from the app's root: the scope here is the matched route's own.
+        scope = {
+            "type": "http",
+            "method": request.method,
+            "path": request.scope["path"],
+            "root_path": request.scope.get("app_root_path", ""),
+        }
+        headers["allow"] = ", ".join(sorted(allowed_methods(request.app.routes, scope)))
     if request.url.path.startswith("/api/"):
-        headers = {"www-authenticate": "Bearer"} if status == 401 else None
+        if status == 401:
+            headers["www-authenticate"] = "Bearer"
         return JSONResponse({"error": message}, status_code=status, headers=headers)
-    return await pages.error_page(request, status, message)
+    response = await pages.error_page(request, status, message)
+    response.headers.update(headers)
+    return response
+
+
+def allowed_methods(routes: list[BaseRoute], scope: Scope) -> set[str]:
+    """The methods some route answers at this path (Starlette's 405 names only the first
+    route matched; the API and the console have several routes per path)."""
+    found: set[str] = set()
+    for route in routes:
+        match, child = route.matches(scope)
+        if match is Match.NONE:
+            continue
+        if isinstance(route, Mount):
+            found |= allowed_methods(route.routes, {**scope, **child})
+        elif isinstance(route, Route):
+            found |= route.methods or set()
+    return found
 
 
 class Unexpected:

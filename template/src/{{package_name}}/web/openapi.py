@@ -1,85 +1,135 @@
 """The API's OpenAPI 3.1 document, served at /api/openapi.json
 (template-owned: copier-agent-worker).
 
-Written by hand next to the routes; a test checks that every route is described here and
-that nothing here is missing from the app.
+The operations are written here next to the routes; every body's schema comes from its
+pydantic model in bodies.py (`models_json_schema`), the models the handlers check requests
+against and build responses through, so the document cannot drift from the server. The
+names the answers give are enums: agents (what a submit takes), the agents a cap is for,
+lanes (the keys of /api/stats) and job states. A test checks that every route is described
+here and nothing here is missing from the app.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from ..dlq import OUTCOMES
-from ..job_store import PRIORITIES
-from ..submit import MAX_DELAY_S
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
+from ..states import JobState
+from . import bodies
+
+REF = "#/components/schemas/{model}"
 _ERROR = {"$ref": "#/components/responses/Error"}
-_ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR}
+_ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "500": _ERROR}
+_JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": bodies.MAX_LIST, "default": 50}
+_STATES = {"type": "string", "enum": [s.value for s in JobState]}
+
+REQUESTS: tuple[type[BaseModel], ...] = (
+    bodies.SubmitJob,
+    bodies.Resolve,
+    bodies.ResolveCause,
+    bodies.Replay,
+    bodies.Decide,
+    bodies.SetCap,
+)
+RESPONSES: tuple[type[BaseModel], ...] = (
+    bodies.Submitted,
+    bodies.JobsPage,
+    bodies.JobDetail,
+    bodies.Moved,
+    bodies.Resolved,
+    bodies.Causes,
+    bodies.Replayed,
+    bodies.NoneReplayed,
+    bodies.Approvals,
+    bodies.Stats,
+    bodies.Caps,
+    bodies.CapChanged,
+    bodies.AuditLog,
+    bodies.Error,
+)
 
 
-def _op(summary: str, role: str, ok: str = "200", **extra: Any) -> dict[str, Any]:
-    responses: dict[str, Any] = {ok: {"description": "OK", "content": {"application/json": {}}}}
-    responses.update(_ERRORS)
-    responses.update(extra.pop("responses", {}))
-    return {
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _op(
+    summary: str,
+    role: str,
+    ok: type[BaseModel],
+    *,
+    status: str = "200",
+    body: type[BaseModel] | None = None,
+    errors: Iterable[str] = (),
+    responses: dict[str, Any] | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    answers: dict[str, Any] = {status: _json(ok), **_ERRORS}
+    answers.update({code: _ERROR for code in errors})
+    if body is not None:
+        answers["413"] = _ERROR
+    answers.update(responses or {})
+    op: dict[str, Any] = {
         "summary": summary,
         "description": f"Role: {role} or above.",
-        "responses": responses,
-        **extra,
+        "responses": dict(sorted(answers.items())),
     }
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(body)}},
+        }
+    return op
 
 
-def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    schema = {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-_JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
-_STR = {"type": "string"}
-_OUTCOME = {"enum": list(OUTCOMES)}
-_404 = {"404": _ERROR}
-_LIMIT = {"type": "integer", "minimum": 1, "maximum": 500}  # api.MAX_LIST
-_BATCH = {"type": "integer", "minimum": 1, "maximum": 10_000}  # api.MAX_BATCH
-_409 = {"409": _ERROR}
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": f"{__name__.split('.')[0]} API", "version": "1"},
-    "security": [{"bearer": []}],
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "responses": {
-            "Error": {
-                "description": "One sentence saying what is wrong and what to do.",
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {
-                                "error": _STR,
-                                "error_id": {
-                                    "type": "string",
-                                    "description": "On a 500: the id of its log line.",
-                                },
-                            },
-                            "required": ["error"],
-                        }
-                    }
-                },
-            }
+def document(
+    agents: Iterable[str], cap_agents: Iterable[str], lanes: Iterable[str]
+) -> dict[str, Any]:
+    """The document for a service with these agents (what a submit takes), cap targets
+    (paid agents and "*") and lanes."""
+    _, defs = models_json_schema(
+        [(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES],
+        ref_template=REF,
+    )
+    schemas: dict[str, Any] = defs["$defs"]
+    schemas["SubmitJob"]["properties"]["agent"]["enum"] = sorted(agents)
+    schemas["SetCap"]["properties"]["agent"]["enum"] = sorted(cap_agents)
+    schemas["Stats"]["properties"]["lanes"]["propertyNames"] = {"enum": sorted(lanes)}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"{__name__.split('.')[0]} API", "version": "1"},
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": schemas,
+            "responses": {"Error": _json(bodies.Error, "One sentence: what is wrong, what to do.")},
         },
-    },
-    "paths": {
+        "paths": _paths(),
+    }
+
+
+def _paths() -> dict[str, Any]:
+    return {
         "/api/openapi.json": {
             "get": {
                 "summary": "This document.",
                 "security": [],
-                "responses": {"200": {"description": "OK"}},
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
             }
         },
         "/api/jobs": {
@@ -87,69 +137,59 @@ OPENAPI: dict[str, Any] = {
                 "Record a job and queue it: 201 when created, 200 with the job an earlier "
                 "request with the same Idempotency-Key and owner made.",
                 "operator",
-                ok="201",
-                responses={
-                    "200": {
-                        "description": "The job already made with this Idempotency-Key",
-                        "content": {"application/json": {}},
-                    }
-                },
+                bodies.Submitted,
+                status="201",
+                body=bodies.SubmitJob,
+                responses={"200": _json(bodies.Submitted, "The job this Idempotency-Key made")},
                 parameters=[
                     {
                         "name": "Idempotency-Key",
                         "in": "header",
-                        "schema": _STR,
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
                         "description": "Same key and owner: the same job.",
                     }
                 ],
-                requestBody=_body(
-                    {
-                        "agent": _STR,
-                        "payload": {"type": "object"},
-                        "owner": _STR,
-                        "delay_s": {
-                            "type": ["number", "null"],
-                            "minimum": 0,
-                            "maximum": MAX_DELAY_S,
-                        },
-                        "priority": {"enum": [*PRIORITIES, None]},
-                    },
-                    ["agent", "payload"],
-                ),
             ),
             "get": _op(
-                "Jobs, newest first.",
+                "Jobs, newest first; `before` (a job id) pages on from the last one seen.",
                 "viewer",
+                bodies.JobsPage,
                 parameters=[
-                    {"name": name, "in": "query", "schema": _STR}
-                    for name in ("state", "agent", "owner", "before")
-                ]
-                + [{"name": "limit", "in": "query", "schema": _LIMIT}],
+                    {"name": "state", "in": "query", "schema": _STATES},
+                    *(
+                        {"name": name, "in": "query", "schema": {"type": "string"}}
+                        for name in ("agent", "owner", "before")
+                    ),
+                    {"name": "limit", "in": "query", "schema": _LIMIT},
+                ],
             ),
         },
         "/api/jobs/{job_id}": {
             "get": _op(
                 "One job with attempts, paid calls and audit entries.",
                 "viewer",
+                bodies.JobDetail,
                 parameters=_JOB_ID,
-                responses=_404,
+                errors=["404"],
             )
         },
         "/api/jobs/{job_id}/cancel": {
             "post": _op(
                 "Cancel a queued or parked job (audited).",
                 "operator",
+                bodies.Moved,
                 parameters=_JOB_ID,
-                responses={**_404, **_409},
+                errors=["404", "409"],
             )
         },
         "/api/jobs/{job_id}/resolve": {
             "post": _op(
                 "Settle an in_doubt job (audited).",
                 "operator",
+                bodies.Moved,
                 parameters=_JOB_ID,
-                requestBody=_body({"outcome": _OUTCOME, "note": _STR}, ["outcome", "note"]),
-                responses={**_404, **_409},
+                body=bodies.Resolve,
+                errors=["404", "409"],
             )
         },
         "/api/dlq/resolve": {
@@ -157,76 +197,62 @@ OPENAPI: dict[str, Any] = {
                 "Settle up to limit in_doubt jobs of one cause the same way (audited per job). "
                 "not-charged gives back the cost counted for their in-doubt calls.",
                 "operator",
-                requestBody=_body(
-                    {
-                        "cause_id": _STR,
-                        "limit": _BATCH,
-                        "outcome": _OUTCOME,
-                        "note": _STR,
-                    },
-                    ["cause_id", "limit", "outcome", "note"],
-                ),
-                responses=_409,
+                bodies.Resolved,
+                body=bodies.ResolveCause,
+                errors=["409"],
             )
         },
-        "/api/dlq/causes": {"get": _op("Parked jobs grouped by cause.", "viewer")},
+        "/api/dlq/causes": {
+            "get": _op("Parked jobs grouped by cause, largest first.", "viewer", bodies.Causes)
+        },
         "/api/dlq/replay": {
             "post": _op(
                 "Replay parked jobs by cause (with a limit) or by id; audited, the approver is "
                 "the token's name. Jobs that made paid calls need allow_spent and their ids.",
                 "operator",
-                requestBody=_body(
-                    {
-                        "cause_id": _STR,
-                        "job_ids": {"type": "array", "items": _STR},
-                        "limit": _BATCH,
-                        "reason": _STR,
-                        "allow_spent": {"type": "boolean"},
-                        "dry_run": {"type": "boolean"},
-                    },
-                    [],
-                ),
-                responses=_409,
+                bodies.Replayed,
+                body=bodies.Replay,
+                responses={"409": _json(bodies.NoneReplayed, "No job was replayed")},
             )
         },
-        "/api/approvals": {"get": _op("Pending approvals, oldest first.", "viewer")},
+        "/api/approvals": {
+            "get": _op("Pending approvals, oldest first.", "viewer", bodies.Approvals)
+        },
         "/api/approvals/{job_id}/decide": {
             "post": _op(
                 "Approve or reject what a waiting job asked for (audited; the decider is the "
                 "token's name). A rejection needs a reason; the job then fails with it.",
                 "operator",
+                bodies.Moved,
                 parameters=_JOB_ID,
-                requestBody=_body({"approved": {"type": "boolean"}, "reason": _STR}, ["approved"]),
-                responses=_409,
+                body=bodies.Decide,
+                errors=["404", "409"],
             )
         },
-        "/api/stats": {"get": _op("Counts by state, lanes, parked causes, spend.", "viewer")},
+        "/api/stats": {
+            "get": _op(
+                "Counts by state, lanes, parked causes, spend (503 when Redis is down).",
+                "viewer",
+                bodies.Stats,
+                errors=["503"],
+            )
+        },
         "/api/caps": {
-            "get": _op("Daily caps with today's use.", "viewer"),
+            "get": _op("Daily caps with today's use.", "viewer", bodies.Caps),
             "post": _op(
-                "Change a daily cap (audited).",
-                "admin",
-                requestBody=_body(
-                    {
-                        "agent": _STR,
-                        # At most 1000000 (checked by the server), in whole micro-dollars.
-                        "usd": {"type": "string", "pattern": r"^\d{1,7}(\.\d{1,6})?$"},
-                        "reason": _STR,
-                    },
-                    ["agent", "usd"],
-                ),
+                "Change a daily cap (audited).", "admin", bodies.CapChanged, body=bodies.SetCap
             ),
         },
         "/api/audit": {
             "get": _op(
                 "The audit log, newest first.",
                 "viewer",
+                bodies.AuditLog,
                 parameters=[
                     {"name": "limit", "in": "query", "schema": _LIMIT},
-                    {"name": "actor", "in": "query", "schema": _STR},
-                    {"name": "target", "in": "query", "schema": _STR},
+                    {"name": "actor", "in": "query", "schema": {"type": "string"}},
+                    {"name": "target", "in": "query", "schema": {"type": "string"}},
                 ],
             )
         },
-    },
-}
+    }

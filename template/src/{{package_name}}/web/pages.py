@@ -14,22 +14,22 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from sqlalchemy import select
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend, stats
-from ..models import GLOBAL, jobs
+from ..models import GLOBAL
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, JobState
 from ..tokens import Principal, Role, authenticate
-from .api import ApiError, parse_cap
 from .auth import SESSION_COOKIE, Denied, Session, Sessions, check_csrf, session_principal
+from .inputs import InputError, parse_cap
+from .services import Services
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -69,11 +69,9 @@ def when(value: datetime | None) -> str:
 TEMPLATES.filters.update(usd=usd, as_json=as_json, when=when)
 PAGE_SIZE = 50
 CHART_BUCKETS = 12  # five-minute bars over the last hour
+CHART_BUCKET = timedelta(minutes=5)
 
-if TYPE_CHECKING:
-    from .app import Services
-
-View = Callable[[Request, "Services", Principal, Session], Awaitable[Response]]
+View = Callable[[Request, Services, Principal, Session], Awaitable[Response]]
 
 
 def page(role: Role) -> Callable[[View], Callable[[Request], Awaitable[Response]]]:
@@ -202,7 +200,9 @@ async def _overview(services: Services) -> dict[str, Any]:
     now = datetime.now(UTC)
     async with services.engine.connect() as conn:
         found = await stats.read_service_stats(conn, causes=False)
-        buckets = await _last_hour(conn, now)
+        buckets = await job_store.finished_per_bucket(
+            conn, start=now - timedelta(hours=1), width=CHART_BUCKET, buckets=CHART_BUCKETS
+        )
     depths: dict[str, int | None] = dict.fromkeys(catalog.LANES)
     redis_error = None
     try:
@@ -227,25 +227,6 @@ async def _overview(services: Services) -> dict[str, Any]:
 
 def _whole(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds)
-
-
-async def _last_hour(conn: Any, now: datetime) -> list[tuple[int, int]]:
-    """(completed, failed) per five-minute bucket over the last hour, oldest first."""
-    start = now - timedelta(hours=1)
-    rows = await conn.execute(
-        select(jobs.c.state, jobs.c.finished_at).where(jobs.c.finished_at >= start).limit(100_000)
-    )
-    counts = [[0, 0] for _ in range(CHART_BUCKETS)]
-    for state, finished in rows:
-        finished = finished if finished.tzinfo else finished.replace(tzinfo=UTC)
-        slot = min(int((finished - start).total_seconds() // 300), CHART_BUCKETS - 1)
-        failed = state in {
-            JobState.FAILED.value,
-            JobState.DEAD_LETTERED.value,
-            JobState.DENIED.value,
-        }
-        counts[slot][1 if failed else 0] += 1
-    return [(done, failed) for done, failed in counts]
 
 
 def _chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
@@ -480,7 +461,7 @@ async def set_cap(
     form = await request.form()
     try:
         agent, amount = parse_cap({"agent": form.get("agent"), "usd": str(form.get("usd") or "")})
-    except ApiError as exc:
+    except InputError as exc:
         return _back("/caps", exc.message)
     old, new = await spend.set_cap(
         services.engine,

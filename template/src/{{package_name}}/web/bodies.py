@@ -1,0 +1,306 @@
+"""The API's request and response bodies as pydantic models (template-owned:
+copier-agent-worker).
+
+openapi.py builds the document from these models (`model_json_schema`), the handlers check
+every request body against its model after their own checks (which give the friendlier
+sentences) and build every success body through its model: a body the document does not
+describe is a bug the tests see, not a client's surprise. Names that come from the answers
+(agents, lanes) are enums in the document; openapi.py fills them in per app.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from ..dlq import OUTCOMES
+from ..states import JobState
+from ..submit import MAX_DELAY_S
+
+MAX_TEXT = 2000  # a reason or a note
+MAX_OWNER = 200
+MAX_LIST = 500  # rows one listing returns
+MAX_BATCH = 10_000  # jobs one replay or resolve by cause may touch
+
+Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+Usd = Annotated[str, Field(description="Dollars as a decimal string, never a float.")]
+Outcome = Literal["completed", "failed", "retry", "not-charged"]
+assert set(OUTCOMES) == set(get_args(Outcome)), "dlq.OUTCOMES and Outcome differ"
+# What counts as blank, spelled out: `\s` means different sets in Python, in pydantic's regex
+# engine and in JSON Schema's (ECMA 262), and the server and the document must agree.
+BLANK = " \t\n\v\f\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NOT_BLANK = f"[^{BLANK}]"
+Note = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NOT_BLANK)]
+Reason = Annotated[str, Field(max_length=MAX_TEXT)]
+# Lax: JSON Schema counts 418.0 as an integer, so the server takes it too (inputs.parse_count
+# has already refused strings and booleans).
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH, strict=False)]
+
+
+class Request(BaseModel):
+    """A request body: exactly these fields, JSON types as given (no coercion)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Response(BaseModel):
+    """A success body: exactly these fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# Requests ---------------------------------------------------------------------------------
+
+
+class SubmitJob(Request):
+    agent: str = Field(description="An agent's name (an enum of this service's agents).")
+    payload: dict[str, Any]
+    owner: Annotated[str, Field(max_length=MAX_OWNER)] | None = None
+    delay_s: Annotated[float, Field(ge=0, le=MAX_DELAY_S)] | None = None
+    priority: Literal["high", "normal", "low"] = "normal"
+
+
+class Resolve(Request):
+    outcome: Outcome
+    note: Note
+
+
+class ResolveCause(Request):
+    cause_id: Annotated[str, Field(min_length=1)]
+    limit: Batch
+    outcome: Outcome
+    note: Note
+
+
+class ReplayByCause(Request):
+    cause_id: str
+    limit: Batch
+    reason: Reason | None = None
+    allow_spent: bool = False
+    dry_run: bool = False
+
+
+class ReplayByIds(Request):
+    job_ids: Annotated[list[str], Field(min_length=1)]
+    limit: Batch | None = None
+    reason: Reason | None = None
+    allow_spent: bool = False
+    dry_run: bool = False
+
+
+class Replay(RootModel[ReplayByCause | ReplayByIds]):
+    """By cause (with a limit) or by ids, never both."""
+
+
+class Approve(Request):
+    approved: Literal[True]
+    reason: Reason | None = None
+
+
+class Reject(Request):
+    approved: Literal[False]
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NOT_BLANK)]
+
+
+class Decide(RootModel[Approve | Reject]):
+    """An approval, or a rejection with the reason the job fails with."""
+
+
+class SetCap(Request):
+    agent: str = Field(description='A paid agent\'s name or "*" (the global cap).')
+    # 0 to 1000000 dollars in whole micro-dollars: what spend.parse_usd takes.
+    usd: Annotated[str, Field(pattern=r"^(\d{1,6}(\.\d{1,6})?|1000000(\.0{1,6})?)$")]
+    reason: Reason | None = None
+
+
+# Responses --------------------------------------------------------------------------------
+
+
+class Moved(Response):
+    """A job and the state an action left it in."""
+
+    id: str
+    state: JobState
+
+
+class Submitted(Moved):
+    warning: str | None = Field(None, description="Recorded but not queued yet: why.")
+
+
+class Job(Response):
+    id: str
+    agent: str
+    lane: str
+    state: JobState
+    payload: dict[str, Any]
+    result: dict[str, Any] | None
+    owner: str
+    idempotency_key: str | None
+    attempts: int
+    max_attempts: int
+    run_after: Time | None
+    lease_expires_at: Time | None
+    worker: str | None
+    last_error: str | None
+    created_at: Time
+    updated_at: Time
+    claimed_at: Time | None
+    finished_at: Time | None
+    trace_context: dict[str, str] | None
+    parent_id: str | None
+    child_key: str | None
+    waiting_for: str | None
+    deferrals: int
+    priority: Literal["high", "normal", "low"]
+
+
+class Attempt(Response):
+    number: int
+    worker: str
+    started_at: Time
+    finished_at: Time | None
+    outcome: str | None
+    error_class: str | None
+    error_message: str | None
+    traceback: str | None
+
+
+class PaidCall(Response):
+    name: str
+    attempt: int
+    state: str
+    max_cost_usd: Usd
+    cost_usd: Usd | None
+    started_at: Time
+    finished_at: Time | None
+
+
+class AuditEntry(Response):
+    at: Time
+    actor: str
+    action: str
+    target: str
+    details: dict[str, Any]
+
+
+class JobDetail(Job):
+    attempt_log: list[Attempt]
+    paid_calls: list[PaidCall]
+    audit: list[AuditEntry]
+
+
+class JobsPage(Response):
+    jobs: list[Job]
+    next_before: str | None = Field(description="Pass as `before` for the next page.")
+
+
+class Resolved(Response):
+    resolved: list[Moved]
+
+
+class CauseGroup(Response):
+    cause_id: str
+    cause: str
+    count: int
+    agents: list[str]
+    states: list[JobState]
+    first_seen: Time | None
+    last_seen: Time | None
+    sample_ids: list[str]
+
+
+class Causes(RootModel[list[CauseGroup]]):
+    pass
+
+
+class Skipped(Response):
+    id: str
+    reason: str
+
+
+class Replayed(Response):
+    dry_run: bool
+    replayed: list[str]
+    skipped: list[Skipped]
+    warning: str | None = None
+
+
+class NoneReplayed(Replayed):
+    """409: every chosen job was skipped; `error` says why the first one was."""
+
+    error: str
+
+
+class Approval(Response):
+    job_id: str
+    agent: str
+    job_state: JobState
+    name: str
+    summary: str
+    state: str
+    requested_at: Time
+    expires_at: Time | None
+    decided_at: Time | None
+    decided_by: str | None
+    reason: str | None
+
+
+class Approvals(RootModel[list[Approval]]):
+    pass
+
+
+class LaneStats(Response):
+    redis_depth: int
+    oldest_queued_age_s: float | None
+    scheduled: int
+
+
+class ParkedCause(Response):
+    cause_id: str
+    count: int
+    cause: str
+
+
+class SpendToday(Response):
+    agent: str
+    cap_usd: Usd
+    spent_usd: Usd
+    reserved_usd: Usd
+
+
+class Stats(Response):
+    jobs_by_state: dict[JobState, int]
+    lanes: dict[str, LaneStats] = Field(description="Keyed by lane (an enum of the lanes).")
+    parked_by_cause: list[ParkedCause]
+    spend_today: list[SpendToday]
+    unsent_replies: int
+
+
+class CapUse(Response):
+    agent: str
+    day: Annotated[str, Field(json_schema_extra={"format": "date"})]
+    cap_usd: Usd
+    reserved_usd: Usd
+    spent_usd: Usd
+    remaining_usd: Usd
+    over_by_usd: Usd
+
+
+class Caps(RootModel[list[CapUse]]):
+    pass
+
+
+class CapChanged(Response):
+    agent: str
+    old_usd: Usd | None
+    usd: Usd
+
+
+class AuditLog(RootModel[list[AuditEntry]]):
+    pass
+
+
+class Error(Response):
+    error: str = Field(description="One sentence saying what is wrong and what to do.")
+    error_id: str | None = Field(None, description="On a 500: the id of its log line.")
