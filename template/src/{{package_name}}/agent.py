@@ -178,18 +178,23 @@ def bind_logger(job_id: str, agent: str, attempt: int) -> Any:
     return structlog.get_logger("agent").bind(job_id=job_id, agent=agent, attempt=attempt)
 
 
-# Moved to registry.py (the contract no longer carries discovery); importable from here for
-# one release, with a warning, so code written against the old layout keeps running.
-_MOVED_TO_REGISTRY = ("Agent", "AgentError", "discover")
+# Names this module carried before the registry was carved out (the contract no longer
+# carries discovery): importable from here for one release, with a warning, so code written
+# against the old layout keeps running. Looked up by name at call time, because the registry
+# imports this module and never the other way round.
+_MOVED = {
+    "Agent": "registry",
+    "AgentError": "registry",
+    "discover": "registry",
+    "ReplyFn": "replies",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _MOVED_TO_REGISTRY:
+    if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = f"{__package__}.{_MOVED[name]}"
     warnings.warn(
-        f"{__name__}.{name} moved to {__package__}.registry; import it from there",
-        DeprecationWarning,
-        stacklevel=2,
+        f"{__name__}.{name} moved to {home}; import it from there", DeprecationWarning, stacklevel=2
     )
-    # By name at call time: registry imports this module, not the other way round.
-    return getattr(importlib.import_module(f"{__package__}.registry"), name)
+    return getattr(importlib.import_module(home), name)
