@@ -698,13 +698,13 @@ def test_an_agent_removed_by_update_loses_its_wiring_keeps_its_module_and_stops_
     # A module with no settings stops discovery with one sentence saying what to do.
     discover = (
         f"from {package}.settings import Settings\n"
-        f"from {package}.submit import load_agents\n"
+        f"from {package}.registry import load_agents\n"
         "print(sorted(load_agents(Settings())))\n"
     )
     refused = _python(versions, project, discover)
     assert refused.returncode != 0
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"{package}.agent.AgentError: agent module {package}.agents.escalate")
+    assert last.startswith(f"{package}.registry.AgentError: agent module {package}.agents.escalate")
     assert "removed" in last and "delete" in last and "CONFIG" in last
 
     # Deleting both files, as the message says, brings the service back.

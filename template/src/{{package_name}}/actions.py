@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import approvals, catalog, children, dlq, job_store, spend
+from . import approvals, catalog, children, dlq, job_store, registry, spend
 from .models import GLOBAL
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
@@ -189,8 +189,7 @@ async def resolve_cause(
 
 def budget(agent: str) -> int:
     """A replay's fresh attempts: the agent's own limit, else the answered default."""
-    config = catalog.AGENTS.get(agent)
-    return (config.max_attempts if config else None) or catalog.MAX_ATTEMPTS
+    return registry.attempts_of(catalog.AGENTS.get(agent))
 
 
 async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) -> str | None:

@@ -1,60 +1,48 @@
-"""The agent contract and agent discovery (template-owned: copier-agent-worker).
+"""The agent contract: what an agent module defines and what it is given (template-owned:
+copier-agent-worker).
 
-An agent is a module with `async def run(ctx: AgentContext, payload: dict) -> dict`.
-Modules in `agents/` are found by listing the package, never imported by a fixed name; their
-settings (lane, timeout, attempts, spend) come from `catalog.AGENTS` or from a module-level
-`CONFIG = AgentConfig(...)`.
+An agent is a module in `agents/` with `async def run(ctx: AgentContext, payload: dict) ->
+dict`. Its settings (lane, timeout, attempts, spend) come from the template answers
+(`catalog.AGENTS`) or a module-level `CONFIG = AgentConfig(...)`; it ends a job early by
+raising one of the errors below (errors.py). How agents are found is registry.py's business;
+this module is all an agent module needs to import.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import pkgutil
-from collections.abc import Awaitable, Callable, Mapping
+import warnings
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import structlog
 
+from .approvals import Decision
+from .children import ChildOutcome
+from .durable import Durable
+from .errors import GiveUp, InvalidPayload, RateLimited, RetryLater
 from .limits import CallLimits, Grant
 from .paid_calls import Cost, PaidCalls
-from .replies import ReplyFn
-from .upstream import RateLimited, retry_after_s
+from .upstream import retry_after_s
 
 __all__ = [
-    "Agent",
+    "AGENT_LIMIT",
     "AgentConfig",
     "AgentContext",
+    "AgentFn",
+    "AgentLimit",
     "GiveUp",
+    "InvalidPayload",
     "RateLimited",
     "RetryLater",
-    "discover",
+    "bind_logger",
     "retry_after_s",
 ]
-
-if TYPE_CHECKING:  # durable.py imports the retry rules, which import this module
-    from .approvals import Decision
-    from .children import ChildOutcome
-    from .durable import Durable
-
-
-class GiveUp(Exception):
-    """Raise from an agent to fail the job permanently: it is never retried automatically."""
-
-
-class RetryLater(Exception):
-    """Raise from an agent to try again after `after_s` seconds (counts as an attempt)."""
-
-    def __init__(self, after_s: float, reason: str = "") -> None:
-        if after_s < 0:
-            raise ValueError("after_s must be zero or more seconds")
-        super().__init__(reason or f"retry requested in {after_s:g}s")
-        self.after_s = after_s
 
 
 @dataclass(frozen=True)
@@ -185,78 +173,28 @@ class AgentContext:
 AgentFn = Callable[[AgentContext, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-@dataclass(frozen=True)
-class Agent:
-    """A discovered agent: its name, settings and entry point."""
-
-    name: str
-    config: AgentConfig
-    run: AgentFn
-    permanent_errors: tuple[type[BaseException], ...] = ()
-    example_payload: Mapping[str, Any] | None = None
-    reply: ReplyFn | None = None  # the module's `async def reply(ctx, result)`, if any
-
-
-class AgentError(RuntimeError):
-    """An agent module is missing its settings or its `run` function."""
-
-
-def discover(
-    package: str, catalog: Mapping[str, AgentConfig], extra_modules: list[str] | None = None
-) -> dict[str, Agent]:
-    """Every agent module in `package` (non-underscore modules) plus `extra_modules`."""
-    pkg = importlib.import_module(package)
-    modules = [
-        importlib.import_module(f"{package}.{info.name}")
-        for info in pkgutil.iter_modules(pkg.__path__)
-        if not info.name.startswith("_")
-    ]
-    modules += [importlib.import_module(name) for name in extra_modules or []]
-    agents: dict[str, Agent] = {}
-    for module in modules:
-        for agent in _agents_from_module(module, catalog):
-            agents[agent.name] = agent
-    return agents
-
-
-def _agents_from_module(module: ModuleType, catalog: Mapping[str, AgentConfig]) -> list[Agent]:
-    """The agents a module defines: itself (named after the module or NAME), or, when it has
-    an AGENTS mapping of name -> AgentConfig, one agent per entry sharing its `run`."""
-    run = getattr(module, "run", None)
-    if run is None or not callable(run):
-        raise AgentError(f"agent module {module.__name__} must define async def run(ctx, payload)")
-    configs: Mapping[str, AgentConfig | None] = getattr(module, "AGENTS", None) or {
-        getattr(module, "NAME", module.__name__.rsplit(".", 1)[-1]): getattr(module, "CONFIG", None)
-    }
-    # A module with AGENTS names its reply steps per agent in REPLIES; a single-agent module
-    # defines `reply` itself.
-    single = not hasattr(module, "AGENTS")
-    replies_of: Mapping[str, ReplyFn] = getattr(module, "REPLIES", {})
-    agents = []
-    for name, own_config in configs.items():
-        config = own_config or catalog.get(name)
-        if config is None:
-            raise AgentError(
-                # Also what an agent removed by `copier update` leaves behind: the update keeps
-                # the user's module (and its test) but drops the agent's settings from catalog.
-                f"agent module {module.__name__} has no settings for agent {name!r}: if it was "
-                "removed from the template answers, delete the module and "
-                f"tests/agents/test_{name}.py; otherwise add it to the answers "
-                f"(copier update -d agents=...) or define CONFIG = AgentConfig(...) in the module"
-            )
-        agents.append(
-            Agent(
-                name=name,
-                config=config,
-                run=run,
-                permanent_errors=tuple(getattr(module, "PERMANENT_ERRORS", ())),
-                example_payload=getattr(module, "EXAMPLE_PAYLOAD", None),
-                reply=replies_of.get(name, getattr(module, "reply", None) if single else None),
-            )
-        )
-    return agents
-
-
 def bind_logger(job_id: str, agent: str, attempt: int) -> Any:
     """A logger whose every event carries the job id, agent and attempt."""
     return structlog.get_logger("agent").bind(job_id=job_id, agent=agent, attempt=attempt)
+
+
+# Names this module carried before the registry was carved out (the contract no longer
+# carries discovery): importable from here for one release, with a warning, so code written
+# against the old layout keeps running. Looked up by name at call time, because the registry
+# imports this module and never the other way round.
+_MOVED = {
+    "Agent": "registry",
+    "AgentError": "registry",
+    "discover": "registry",
+    "ReplyFn": "replies",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = f"{__package__}.{_MOVED[name]}"
+    warnings.warn(
+        f"{__name__}.{name} moved to {home}; import it from there", DeprecationWarning, stacklevel=2
+    )
+    return getattr(importlib.import_module(home), name)

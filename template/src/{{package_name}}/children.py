@@ -14,7 +14,6 @@ between the two, and `park` one whose children all settled while it was still ru
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,11 +21,11 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import audit, catalog, job_store
-from .agent import Agent
+from . import audit, job_store
 from .db import transaction
+from .errors import InvalidPayload
 from .queue import JobQueue, Push, QueueUnavailable
-from .retry import InvalidPayload
+from .routes import Routes
 from .states import RUNNABLE, SETTLED, WAITING, JobState
 from .steps import check_name
 from .waiting import Wait
@@ -55,17 +54,17 @@ async def spawn(
     queue: JobQueue | None,
     *,
     parent_id: str,
-    agents: Mapping[str, Agent],
+    routes: Routes,
     agent: str,
     payload: dict[str, Any],
     key: str,
 ) -> str:
     """The id of the child of `parent_id` under `key`, created (and queued) the first time."""
     check_name(key, "child key")
-    found = agents.get(agent)
-    if found is None:
+    route = routes.get(agent)
+    if route is None:
         raise InvalidPayload(f"cannot spawn unknown agent {agent!r}")
-    lane = found.config.lane
+    lane = route.lane
     if not isinstance(payload, dict):
         raise InvalidPayload("a child's payload must be a dict")
     async with transaction(engine) as conn:
@@ -76,7 +75,7 @@ async def spawn(
             agent=agent,
             lane=lane,
             payload=payload,
-            max_attempts=found.config.max_attempts or catalog.MAX_ATTEMPTS,
+            max_attempts=route.max_attempts,
             now=datetime.now(UTC),
         )
         state = None if created else (await job_store.get_job(conn, child_id))

@@ -8,9 +8,9 @@ steps come back from `steps`, decisions from `approvals`, children from `jobs`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,10 +18,8 @@ from . import approvals, children
 from .approvals import Decision
 from .children import ChildOutcome
 from .queue import JobQueue
+from .routes import Routes
 from .steps import Steps
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 
 @dataclass
@@ -31,7 +29,7 @@ class Durable:
     engine: AsyncEngine
     job_id: str
     attempt: int
-    agents: Mapping[str, Agent]
+    routes: Routes  # where a spawned child goes, by agent
     queue: JobQueue | None = None
 
     async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -47,7 +45,7 @@ class Durable:
             self.engine,
             self.queue,
             parent_id=self.job_id,
-            agents=self.agents,
+            routes=self.routes,
             agent=agent,
             payload=payload,
             key=key,

@@ -24,8 +24,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import job_store
-from .agent import Agent, AgentConfig
-from .limits import Limiter, Slot, WaitObserver, agent_slots, note_waiting
+from .limits import Concurrency, Limiter, Slot, WaitObserver, agent_slots, note_waiting
+from .routes import Routes
 
 log = structlog.get_logger("gate")
 
@@ -87,19 +87,22 @@ class Gate:
     def __init__(
         self,
         limiter: Limiter,
-        agents: Mapping[str, Agent],
+        limited: Mapping[str, Concurrency],
+        routes: Routes,
         lease_s: float,
         on_wait: WaitObserver | None = None,
     ) -> None:
+        """`limited`: the agents with a concurrency limit (registry.Registry.concurrency);
+        `routes` tells their lanes."""
         self.limiter = limiter
         self.lease_s = lease_s
         self.on_wait = on_wait
-        self.limited: dict[str, AgentConfig] = {
-            name: agent.config
-            for name, agent in agents.items()
-            if agent.config.max_concurrent or agent.config.max_concurrent_per_owner
+        self.limited: dict[str, Concurrency] = {
+            name: limit
+            for name, limit in limited.items()
+            if limit.max_concurrent or limit.per_owner
         }
-        self.lanes = {config.lane for config in self.limited.values()}
+        self.lanes = {routes[name].lane for name in self.limited if name in routes}
         self._who: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     def guards(self, lane: str | None, agent: str = "") -> bool:
@@ -119,11 +122,11 @@ class Gate:
         except (DBAPIError, OSError) as exc:
             log.warning("limit_check_failed", job_id=job_id, error=str(exc))
             raise Retry(defer=timedelta(seconds=UNAVAILABLE_RETRY_S)) from exc
-        config = self.limited.get(who[0]) if who is not None else None
-        if who is None or config is None:
+        limit = self.limited.get(who[0]) if who is not None else None
+        if who is None or limit is None:
             return NO_LIMIT  # a missing job or an unlimited agent: the claim decides
         agent, owner = who
-        slots = agent_slots(agent, owner, config.max_concurrent, config.max_concurrent_per_owner)
+        slots = agent_slots(agent, owner, limit.max_concurrent, limit.per_owner)
         holder = f"{job_id}:{secrets.token_hex(4)}"  # one per delivery: a twin never frees ours
         try:
             wait_s = await self.limiter.acquire(slots, holder, self.lease_s)

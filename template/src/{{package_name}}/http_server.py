@@ -96,7 +96,10 @@ class ProbeServer:
                 return "200 OK", _TEXT, b"ok\n"
             return "503 Service Unavailable", _TEXT, f"not ready: {reason}\n".encode()
         if path == "/metrics":
-            return "200 OK", CONTENT_TYPE, await self.runtime.metrics.render(self.runtime)
+            runtime = self.runtime
+            lanes = runtime.lane_timeouts
+            text = await runtime.metrics.render(runtime.engine, runtime.queue, lanes)
+            return "200 OK", CONTENT_TYPE, text
         return "404 Not Found", _TEXT, b"paths: /metrics /livez /readyz\n"
 
 

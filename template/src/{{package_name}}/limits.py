@@ -25,18 +25,18 @@ database, is untouched.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from .upstream import RateLimited
+from .errors import RateLimited
 
 KEY_PREFIX = f"{__package__}:limit:"
 
@@ -221,6 +221,13 @@ class Slot:
     size: int
 
 
+class Concurrency(NamedTuple):
+    """An agent's limits on its jobs running at once: in all, and per owner (None: none)."""
+
+    max_concurrent: int | None
+    per_owner: int | None
+
+
 def agent_slots(
     agent: str, owner: str, max_concurrent: int | None, per_owner: int | None
 ) -> list[Slot]:
@@ -286,16 +293,6 @@ class Limiter:
     async def holders(self, slot: Slot) -> int:
         """How many unexpired holders `slot` has now."""
         return int(await self._holders(keys=[slot.key]))
-
-
-def configured(
-    answered: Mapping[str, LimitConfig], modules: Sequence[str]
-) -> dict[str, LimitConfig]:
-    """The answers' named limits plus the `LIMITS` of extra agent modules (test doubles)."""
-    found = dict(answered)
-    for name in modules:
-        found.update(getattr(importlib.import_module(name), "LIMITS", {}))
-    return found
 
 
 # Told "<kind>:<name>" each time a job (kind agent) or a call (kind call) finds its limit full.
@@ -405,11 +402,11 @@ async def note_waiting(redis: Redis, limit: str, waiter: str) -> None:
 
 async def usage(
     limiter: Limiter,
-    agents: Mapping[str, tuple[int | None, int | None]],
+    agents: Mapping[str, Concurrency],
     named: Mapping[str, LimitConfig],
 ) -> list[dict[str, object]]:
     """What each limit holds now and how many wait on it: agent limits (`agents` maps an
-    agent to its max_concurrent and max_concurrent_per_owner) and named limits."""
+    agent to its Concurrency) and named limits."""
     rows: list[dict[str, object]] = []
     since = time.time() - WAITING_RECENT_S
     for agent, (most, per_owner) in sorted(agents.items()):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,9 +39,11 @@ from .states import JobState
 from .stats import lane_depths, read_service_stats
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from .job_store import Job
+    from .queue import JobQueue
     from .recovery import ReconcileReport
-    from .runner import Runtime
 
 log = structlog.get_logger("metrics")
 
@@ -188,9 +190,10 @@ class Metrics:
 
     # Exposition -----------------------------------------------------------------------------
 
-    async def render(self, runtime: Runtime) -> bytes:
-        """The text Prometheus scrapes, with the service-wide gauges brought up to date."""
-        await self.service.refresh(runtime)
+    async def render(self, engine: AsyncEngine, queue: JobQueue, lanes: Iterable[str]) -> bytes:
+        """The text Prometheus scrapes, with the service-wide gauges brought up to date from
+        the database behind `engine` and the Redis of `queue` (its `lanes`)."""
+        await self.service.refresh(engine, queue, lanes)
         return generate_latest(self.registry)
 
 
@@ -259,19 +262,20 @@ class ServiceGauges:
         self._read_at = float("-inf")
         self._lock = asyncio.Lock()
 
-    async def refresh(self, runtime: Runtime) -> None:
+    async def refresh(self, engine: AsyncEngine, queue: JobQueue, lanes: Iterable[str]) -> None:
         """Read the database and Redis unless they were read in the last SERVICE_READ_S."""
         async with self._lock:
             if time.monotonic() - self._read_at < SERVICE_READ_S:
                 return
             self._read_at = time.monotonic()
-            await self._read_database(runtime)
-            await self._read_redis(runtime)
+            lanes = list(lanes)
+            await self._read_database(engine, lanes)
+            await self._read_redis(queue, lanes)
 
-    async def _read_database(self, runtime: Runtime) -> None:
+    async def _read_database(self, engine: AsyncEngine, lanes: list[str]) -> None:
         try:
             async with asyncio.timeout(SERVICE_READ_TIMEOUT_S):
-                async with runtime.engine.connect() as conn:
+                async with engine.connect() as conn:
                     stats = await read_service_stats(conn, causes=False)
         except Exception as exc:  # noqa: BLE001 - a scrape never fails on a database fault
             self.read_errors.labels("database").inc()
@@ -279,7 +283,7 @@ class ServiceGauges:
             return
         for state in JobState:
             self.jobs.labels(state.value).set(stats.jobs_by_state.get(state.value, 0))
-        for lane in runtime.lane_timeouts:
+        for lane in lanes:
             self.oldest_queued.labels(lane).set(stats.oldest_queued_age_s(lane) or 0.0)
             self.scheduled.labels(lane).set(stats.scheduled.get(lane, 0))
         for cap in stats.caps:
@@ -288,11 +292,11 @@ class ServiceGauges:
             self.spend_cap.labels(cap.agent).set(float(cap.cap_usd))
         self.replies_unsent.set(stats.unsent_replies)
 
-    async def _read_redis(self, runtime: Runtime) -> None:
+    async def _read_redis(self, queue: JobQueue, lanes: list[str]) -> None:
         try:
             async with asyncio.timeout(SERVICE_READ_TIMEOUT_S):
-                depths = await lane_depths(runtime.queue, runtime.lane_timeouts)
-                memory = await runtime.queue.memory()
+                depths = await lane_depths(queue, lanes)
+                memory = await queue.memory()
         except Exception as exc:  # noqa: BLE001 - a scrape never fails on a Redis fault
             self.read_errors.labels("redis").inc()
             log.warning("metrics_redis_read_failed", error=f"{type(exc).__name__}: {exc}")

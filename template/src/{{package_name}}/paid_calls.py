@@ -43,8 +43,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import provider_errors, spend, stored
 from .db import transaction
+from .errors import RateLimited
 from .models import paid_calls
-from .upstream import RateLimited
 
 log = structlog.get_logger("paid_calls")
 

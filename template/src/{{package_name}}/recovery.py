@@ -32,13 +32,11 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import approvals, children, job_store, paid_calls, replies
-from .agent import Agent
+from . import approvals, children, job_store, paid_calls, registry, replies
 from .db import create_engine, transaction
 from .queue import JobQueue, Push
 from .settings import Settings
 from .states import JobState
-from .submit import load_agents
 
 log = structlog.get_logger("recovery")
 # Rows read per page; each page costs one query and a few Redis round trips.
@@ -102,11 +100,6 @@ async def reconcile(
     return report
 
 
-def reply_steps(agents: Mapping[str, Agent]) -> dict[str, replies.ReplyFn]:
-    """The reply step of every agent that has one, for `reconcile(reply_steps=...)`."""
-    return {name: agent.reply for name, agent in agents.items() if agent.reply is not None}
-
-
 async def rows_to_examine(engine: AsyncEngine) -> int:
     """How many rows a pass would examine now (a progress bar's total)."""
     async with engine.connect() as conn:
@@ -117,7 +110,7 @@ async def rows_to_examine(engine: AsyncEngine) -> int:
 
 async def recover(settings: Settings, *, dry_run: bool, progress_bar: bool) -> ReconcileReport:
     """One reconcile from the command line, with a progress bar on stderr if asked."""
-    steps = reply_steps(load_agents(settings))
+    steps = registry.load(settings).reply_steps
     queue = await JobQueue.connect(settings, conn_retries=0)
     engine = create_engine(settings)
     try:

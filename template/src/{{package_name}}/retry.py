@@ -13,11 +13,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from .agent import GiveUp
+from .errors import GiveUp, InvalidPayload
 
-
-class InvalidPayload(ValueError):
-    """The job's payload cannot be processed as given; retrying will not help."""
+__all__ = ["PERMANENT_ERRORS", "InvalidPayload", "RetryPolicy", "backoff", "is_permanent"]
 
 
 # Errors that fail a job at once. Agents add their own with a module-level

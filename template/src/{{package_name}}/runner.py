@@ -22,19 +22,20 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import job_store, paid_calls, provider_errors, recovery, replies, spend, tracing, waiting
-from .agent import Agent, AgentContext, RetryLater, bind_logger
+from .agent import AgentContext, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .durable import Durable
+from .errors import InvalidPayload, RateLimited, RetryLater
 from .gate import NO_LIMIT, Admission, Gate
 from .limits import CallLimits
 from .metrics import Metrics
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue, Push, QueueUnavailable
-from .retry import InvalidPayload, RetryPolicy, is_permanent
+from .registry import Agent, Registry
+from .retry import RetryPolicy, is_permanent
 from .settings import Settings
 from .states import JobState
-from .upstream import RateLimited
 
 log = structlog.get_logger("runner")
 T = TypeVar("T")
@@ -57,7 +58,7 @@ class Runtime:
     settings: Settings
     engine: AsyncEngine
     queue: JobQueue
-    agents: dict[str, Agent]
+    registry: Registry  # the agents, their routes and limits (registry.py)
     policy: RetryPolicy
     worker_name: str
     lane_timeouts: dict[str, int] = field(default_factory=dict)
@@ -69,6 +70,10 @@ class Runtime:
     gate: Gate | None = None
     # Named limits on calls inside jobs (ctx.limit, ctx.paid_call(limit=...)).
     call_limits: CallLimits | None = None
+
+    @property
+    def agents(self) -> dict[str, Agent]:
+        return self.registry.agents
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,7 @@ async def call_agent(
     paid = PaidCalls(
         runtime.engine, job.id, job.agent, job.attempts, observe=runtime.metrics.paid_call
     )
-    durable = Durable(runtime.engine, job.id, job.attempts, runtime.agents, runtime.queue)
+    durable = Durable(runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue)
     timeout = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )

@@ -12,8 +12,7 @@ job) is a row in `schedules`.
 from __future__ import annotations
 
 import asyncio
-import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +28,7 @@ from . import audit, job_store
 from .db import transaction
 from .models import schedules as schedules_table
 from .queue import JobQueue, Push
+from .routes import Routes
 
 log = structlog.get_logger("scheduler")
 
@@ -136,12 +136,12 @@ async def tick(
     engine: AsyncEngine,
     queue: JobQueue,
     schedules: Mapping[str, Schedule],
-    lanes: Mapping[str, tuple[str, int]],
+    routes: Routes,
     now: datetime,
 ) -> list[str]:
     """Make the job of each schedule's latest tick unless it exists; returns the jobs made.
 
-    `lanes` gives each agent's (lane, max_attempts); a schedule whose agent this worker does
+    `routes` gives each agent's lane and attempts; a schedule whose agent this worker does
     not have is left to a worker that has it.
     """
     made: list[Push] = []
@@ -149,14 +149,14 @@ async def tick(
         for current in await states(conn, schedules, now):
             name, schedule = current.name, current.schedule
             due = schedule.latest_tick(now)
-            if current.paused or schedule.agent not in lanes:
+            if current.paused or schedule.agent not in routes:
                 continue
             if current.last_tick_at is None:
                 await _first_sight(conn, name, due, now)  # starts at its next tick
                 continue
             if current.last_tick_at >= due:
                 continue
-            lane, max_attempts = lanes[schedule.agent]
+            lane, max_attempts = routes[schedule.agent]
             job_id, created = await job_store.enqueue(
                 conn,
                 agent=schedule.agent,
@@ -235,20 +235,12 @@ async def run_scheduler(
     engine: AsyncEngine,
     queue: JobQueue,
     schedules: Mapping[str, Schedule],
-    lanes: Mapping[str, tuple[str, int]],
+    routes: Routes,
 ) -> None:
     """Tick every TICK_INTERVAL_S until cancelled; a failure is logged and retried."""
     while True:
         try:
-            await tick(engine, queue, schedules, lanes, datetime.now(UTC))
+            await tick(engine, queue, schedules, routes, datetime.now(UTC))
         except Exception as exc:  # noqa: BLE001 - the next tick tries again
             log.warning("schedule_tick_failed", error=f"{type(exc).__name__}: {exc}")
         await asyncio.sleep(TICK_INTERVAL_S)
-
-
-def configured(answered: Mapping[str, Schedule], modules: Sequence[str]) -> dict[str, Schedule]:
-    """The answers' schedules plus the `SCHEDULES` of extra agent modules (test doubles)."""
-    found = dict(answered)
-    for name in modules:
-        found.update(getattr(importlib.import_module(name), "SCHEDULES", {}))
-    return found

@@ -14,11 +14,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import catalog, dlq, job_store, limits, replies, spend
+from . import dlq, job_store, limits, registry, replies, spend
 from .queue import JobQueue
 from .settings import Settings
 from .states import JobState
-from .submit import load_agents
 
 
 @dataclass(frozen=True)
@@ -96,9 +95,5 @@ def _round(value: float | None) -> float | None:
 
 async def limits_usage(queue: JobQueue, settings: Settings) -> list[dict[str, Any]]:
     """Each agent and named limit: running now, its sizes, and how many wait on it."""
-    agents = {
-        name: (agent.config.max_concurrent, agent.config.max_concurrent_per_owner)
-        for name, agent in load_agents(settings).items()
-    }
-    named = limits.configured(catalog.LIMITS, settings.agent_modules)
-    return await limits.usage(limits.Limiter(queue.pool), agents, named)
+    found = registry.load(settings)
+    return await limits.usage(limits.Limiter(queue.pool), found.concurrency, found.limits)

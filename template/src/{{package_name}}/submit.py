@@ -17,11 +17,11 @@ from typing import Any
 
 import structlog
 
-from . import catalog, job_store, tracing
-from .agent import Agent, discover
+from . import job_store, tracing
 from .db import create_engine, transaction
 from .job_store import PRIORITIES
 from .queue import JobQueue, Push, QueueUnavailable
+from .registry import Agent, load_agents
 from .settings import Settings, check_redis_tls, get_settings
 
 log = structlog.get_logger("submit")
@@ -148,7 +148,7 @@ class Submitter:
             agent=agent,
             lane=config.lane,
             payload=payload,
-            max_attempts=config.max_attempts or catalog.MAX_ATTEMPTS,
+            max_attempts=self.agents[agent].max_attempts,
             owner=owner,
             idempotency_key=idempotency_key,
             trace_context=span.context,
@@ -187,7 +187,7 @@ class Submitter:
                 agent=item.agent,
                 lane=self.agents[item.agent].config.lane,
                 payload=item.payload,
-                max_attempts=self.agents[item.agent].config.max_attempts or catalog.MAX_ATTEMPTS,
+                max_attempts=self.agents[item.agent].max_attempts,
                 owner=item.owner,
                 idempotency_key=item.idempotency_key,
             )
@@ -224,12 +224,6 @@ class Submitter:
             await self._queue.close()
             self._queue = None
         await self.engine.dispose()
-
-
-def load_agents(settings: Settings) -> dict[str, Agent]:
-    """The agents this service knows: its agents package plus configured extra modules."""
-    package = __name__.rsplit(".", 1)[0] + ".agents"
-    return discover(package, catalog.AGENTS, settings.agent_modules)
 
 
 _default: dict[asyncio.AbstractEventLoop, Submitter] = {}

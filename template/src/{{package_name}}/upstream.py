@@ -1,7 +1,7 @@
 """An upstream's "too many requests", as the runner understands it (template-owned:
 copier-agent-worker).
 
-Raise `RateLimited(after_s=...)` from an agent (it is also importable from `agent`) when a
+Raise `RateLimited(after_s=...)` (errors.py; also importable from `agent`) from an agent when a
 provider answers 429: the job goes back to `queued` for `after_s` seconds **without using an
 attempt**. `retry_after_s(error)` reads the wait from the error's HTTP headers, as the common
 HTTP and model SDKs expose them (`error.response.headers` or `error.headers`).
@@ -15,17 +15,9 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from .errors import RateLimited
 
-class RateLimited(Exception):
-    """Raise from an agent when an upstream limit is hit: the job waits `after_s` seconds in
-    `queued` and runs again, using no attempt (a bound turns endless waiting into a dead
-    letter, see the setting MAX_DEFERRALS)."""
-
-    def __init__(self, after_s: float, reason: str = "") -> None:
-        if after_s < 0:
-            raise ValueError("after_s must be zero or more seconds")
-        super().__init__(reason or f"rate limited; wait {after_s:g}s")
-        self.after_s = after_s
+__all__ = ["RateLimited", "retry_after_s"]  # RateLimited lives in errors.py
 
 
 # OpenAI-style durations: "1s", "6m0s", "20ms", "1h2m3.5s".

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import os
 import signal
 import socket
@@ -26,12 +25,12 @@ import structlog
 from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
-from . import catalog, schedules
+from . import catalog, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .gate import Gate
 from .http_server import HttpPortUnavailable, ProbeServer
-from .limits import CallLimits, Limiter, configured
+from .limits import CallLimits, Limiter
 from .metrics import Metrics
 from .probes import Readiness
 from .queue import (
@@ -45,11 +44,10 @@ from .queue import (
     serialize,
     wait_for_work,
 )
-from .recovery import reconcile, reply_steps
+from .recovery import reconcile
 from .retry import RetryPolicy
 from .runner import Runtime, run_job
 from .settings import Settings
-from .submit import load_agents
 
 log = structlog.get_logger("worker")
 
@@ -67,12 +65,9 @@ HEALTHY_RUN_S = 60.0
 
 
 def lane_timeouts(settings: Settings) -> dict[str, int]:
-    """Each lane's job timeout: the answers, overridden by `<PREFIX>LANE_TIMEOUTS`."""
-    raised = dict(catalog.LANES)
-    for name in settings.agent_modules:  # extra agent modules (test doubles) may need longer
-        for lane, timeout in getattr(importlib.import_module(name), "LANE_TIMEOUTS", {}).items():
-            raised[lane] = max(raised.get(lane, 0), timeout)
-    return {**raised, **settings.lane_timeouts}
+    """Each lane's job timeout: the answers (raised by extra agent modules, registry.py),
+    overridden by `<PREFIX>LANE_TIMEOUTS`."""
+    return {**registry.load(settings).lane_timeouts, **settings.lane_timeouts}
 
 
 async def open_runtime(settings: Settings) -> Runtime:
@@ -92,14 +87,14 @@ async def open_runtime(settings: Settings) -> Runtime:
             if settings.is_sqlite
             else PostgresBatchedWrites(settings.database_url, **options)
         )
-    agents = load_agents(settings)
+    found = registry.load(settings)
     metrics = Metrics()
     limiter = Limiter(queue.pool)  # one set of registered scripts for the gate and the calls
     return Runtime(
         settings=settings,
         engine=engine,
         queue=queue,
-        agents=agents,
+        registry=found,
         policy=RetryPolicy(
             max_attempts=catalog.MAX_ATTEMPTS,
             base_s=settings.backoff_base_s or catalog.BACKOFF_BASE_S,
@@ -109,12 +104,10 @@ async def open_runtime(settings: Settings) -> Runtime:
         worker_name=worker_name,
         lane_timeouts=lane_timeouts(settings),
         batched=batched,
-        gate=Gate(limiter, agents, settings.lease_s, on_wait=metrics.limit_wait),
-        call_limits=CallLimits(
-            limiter,
-            configured(catalog.LIMITS, settings.agent_modules),
-            on_wait=metrics.limit_wait,
+        gate=Gate(
+            limiter, found.concurrency, found.routes, settings.lease_s, on_wait=metrics.limit_wait
         ),
+        call_limits=CallLimits(limiter, found.limits, on_wait=metrics.limit_wait),
         metrics=metrics,
     )
 
@@ -449,14 +442,11 @@ async def serve_http(
 
 def start_scheduler(runtime: Runtime) -> asyncio.Task[None] | None:
     """Run the schedules (schedules.py) in this worker, when there are any."""
-    found = schedules.configured(catalog.SCHEDULES, runtime.settings.agent_modules)
-    if not found:
+    found = runtime.registry
+    if not found.schedules:
         return None
-    lanes = {
-        name: (agent.config.lane, agent.config.max_attempts or catalog.MAX_ATTEMPTS)
-        for name, agent in runtime.agents.items()
-    }
-    return asyncio.create_task(schedules.run_scheduler(runtime.engine, runtime.queue, found, lanes))
+    ticks = schedules.run_scheduler(runtime.engine, runtime.queue, found.schedules, found.routes)
+    return asyncio.create_task(ticks)
 
 
 def _drain(supervisors: list[LaneSupervisor], stopping: asyncio.Event, signum: int) -> None:
@@ -470,7 +460,7 @@ async def reconcile_guarded(runtime: Runtime) -> None:
     """Run recovery once; a failure is logged and never stops the worker."""
     try:
         report = await reconcile(
-            runtime.engine, runtime.queue, reply_steps=reply_steps(runtime.agents)
+            runtime.engine, runtime.queue, reply_steps=runtime.registry.reply_steps
         )
     except Exception as exc:  # noqa: BLE001 - recovery retries on its next run
         log.warning("reconcile_failed", error=f"{type(exc).__name__}: {exc}")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .. import catalog, schedules
+from .. import registry, schedules
 from ..db import create_engine, transaction
 from ..settings import Settings
 from .app import app
@@ -21,7 +21,7 @@ ApprovedBy = Annotated[str | None, typer.Option(help="Who approved this (require
 
 
 def _configured(settings: Settings) -> dict[str, schedules.Schedule]:
-    return schedules.configured(catalog.SCHEDULES, settings.agent_modules)
+    return registry.schedules_of(settings)
 
 
 @schedules_app.command("list")

@@ -21,9 +21,9 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
 from .. import job_store, logs, paid_calls
-from ..agent import AgentError
 from ..db import create_engine
 from ..queue import QueueUnavailable
+from ..registry import AgentError
 from ..settings import (
     ENV_PREFIX,
     Settings,

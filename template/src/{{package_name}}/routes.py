@@ -1,0 +1,23 @@
+"""Where a new job of each agent goes: its lane and how many attempts it gets
+(template-owned: copier-agent-worker).
+
+The registry works the routes out once per process (registry.py: an agent's own
+`max_attempts`, else the answered default); whatever makes jobs (submit, child jobs,
+schedules) reads them here, without knowing how agents are found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+
+class Route(NamedTuple):
+    """The lane a job of one agent is queued on, and the attempts it may use."""
+
+    lane: str
+    max_attempts: int
+
+
+# Each agent's route, by agent name.
+Routes = Mapping[str, Route]
