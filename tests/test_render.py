@@ -309,8 +309,15 @@ def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
         TEST_DATABASES=ANSWER_SETS[name].get("database", "sqlite") if fast else "",
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.returncode == 0, failed_tests(result.stdout) + result.stdout[-6000:]
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+
+
+def failed_tests(output: str) -> str:
+    """The names of a generated suite's failed tests (its `-ra` summary), which a long
+    failure report can push out of the tail that an assertion message shows."""
+    names = re.findall(r"^(?:FAILED|ERROR) .*$", output, re.M)
+    return "\n".join(["generated tests that failed:", *names, "", ""]) if names else ""
 
 
 @pytest.mark.slow
