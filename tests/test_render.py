@@ -309,7 +309,9 @@ def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
         TEST_DATABASES=ANSWER_SETS[name].get("database", "sqlite") if fast else "",
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    assert result.returncode == 0, failed_tests(result.stdout) + result.stdout[-6000:]
+    assert result.returncode == 0, (
+        failed_tests(result.stdout) + result.stdout[-6000:] + result.stderr[-3000:]
+    )
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
 
 
