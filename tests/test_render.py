@@ -268,10 +268,10 @@ def install(project: Path) -> None:
 def installs(name: str) -> pytest.MarkDecorator:
     """The xdist group of the slow tests that install the service of answer set `name`.
 
-    `make test` runs the slow tests two at a time (`-n 2 --dist loadgroup`), and each of them
-    installs its render into this one venv (`pip install -e`): two renders of one answer set
-    (its suite and its chaos, browser or demo run) share a package name, so they run in one
-    process, one after the other, and never replace each other's install mid-run.
+    Each slow test installs its render into this one venv (`pip install -e`), and two renders
+    of one answer set (its suite and its chaos, browser or demo run) share a package name: run
+    two at a time (`-n 2 --dist loadgroup`), they go to one process, one after the other, and
+    never replace each other's install mid-run.
     """
     return pytest.mark.xdist_group(name)
 
