@@ -45,7 +45,7 @@ fi
 # updates), which compute more than they wait, in two processes; then the slow ones one at a
 # time (each runs a generated suite in its own three processes). Two at a time
 # (`-n 2 --dist loadgroup`, with the `installs` groups of tests/test_render.py) took the slow
-# pass from 37 to 20 minutes, but twice in three runs a generated test failed on a leaked
+# pass from 37 to 20 minutes, but in both runs one generated test failed on a leaked
 # connection's ResourceWarning under that load: it waits until the leak is found. Both passes
 # always run.
 started=$SECONDS
