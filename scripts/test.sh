@@ -12,7 +12,7 @@
 #    CI inside its time); exits non-zero when either pass failed.
 #
 # Exported for the tests: TEST_DATABASE_URL (superuser URL that can CREATE DATABASE),
-# TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
+# TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_TMUX, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -28,6 +28,8 @@ ensure_venv
 ensure_redis_server
 ensure_chromium
 ensure_tmux
+export TEST_TMUX
+TEST_TMUX="$(command -v tmux)"
 export TEST_REDIS_SERVER
 TEST_REDIS_SERVER="$(command -v redis-server)"
 ensure_prometheus
