@@ -14,6 +14,7 @@ demo:
 lint:
 	@ROOT="$(CURDIR)"; export ROOT; . scripts/venv.sh; ensure_venv
 	.venv/bin/ruff check tests hooks
+	.venv/bin/mypy
 
 clean:
 	rm -rf .venv .demo .pytest_cache .ruff_cache .mypy_cache

@@ -40,9 +40,9 @@ names = st.one_of(
 lanes = st.one_of(st.sampled_from(["default", "slow", "x"]), names)
 positive = st.integers(min_value=1, max_value=10**6)
 # Import names the package_name validator refuses as taken (read from copier.yml).
-TAKEN = re.findall(
-    r"'([a-z_]+)'", re.search(r"set taken = \[(.*?)\]", CHOICES["package_name"]["validator"])[1]
-)
+_TAKEN_LIST = re.search(r"set taken = \[(.*?)\]", CHOICES["package_name"]["validator"])
+assert _TAKEN_LIST is not None, "copier.yml's package_name validator lists no taken names"
+TAKEN = re.findall(r"'([a-z_]+)'", _TAKEN_LIST[1])
 
 
 def derived_package(project_name: str) -> str:

@@ -33,7 +33,8 @@ def render(template_repo: Path, dst: Path, data: dict[str, Any]) -> dict[str, An
         vcs_ref="HEAD",
         quiet=True,
     )
-    return yaml.safe_load((dst / ".copier-answers.yml").read_text())
+    answers: dict[str, Any] = yaml.safe_load((dst / ".copier-answers.yml").read_text())
+    return answers
 
 
 def copier_copy(template_repo: Path, dst: Path, *args: str) -> subprocess.CompletedProcess[str]:

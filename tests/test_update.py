@@ -28,7 +28,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ COPIER = [sys.executable, "-m", "copier"]
 ANSWERS = ".copier-answers.yml"
 PROBE_REVISION = "0900_update_probe"
 MARKER = re.compile(r"^(<<<<<<<|>>>>>>>)( |$)", re.M)
+COMMAND_TIMEOUT_S = 180
 
 
 def _environment(base: Path) -> dict[str, str]:
@@ -84,7 +85,7 @@ class Shell:
     env: dict[str, str]
 
     def run(
-        self, cmd: list[str | Path], cwd: Path, timeout: int = 180, **env: str
+        self, cmd: Sequence[str | Path], cwd: Path, timeout: int = COMMAND_TIMEOUT_S, **env: str
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(part) for part in cmd],
@@ -96,8 +97,9 @@ class Shell:
             timeout=timeout,
         )
 
-    def ok(self, cmd: list[str | Path], cwd: Path, **env: str) -> str:
-        result = self.run(cmd, cwd, **env)
+    def ok(self, cmd: Sequence[str | Path], cwd: Path, **env: str) -> str:
+        # The timeout given by position: no variable of `env` can be taken for it.
+        result = self.run(cmd, cwd, COMMAND_TIMEOUT_S, **env)
         assert result.returncode == 0, f"{cmd}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
         return result.stdout
 
@@ -137,7 +139,7 @@ class Versions:
         self.shell.git(project, "add", "-A")
         self.shell.git(project, "commit", "-q", "-m", message)
 
-    def user_owned(self, ref: str, package: str) -> PathSpec:
+    def user_owned(self, ref: str, package: str) -> PathSpec[Any]:
         """The `_skip_if_exists` patterns of version `ref`, for one package name."""
         config = yaml.safe_load(self.shell.git(self.repo, "show", f"{ref}:copier.yml"))
         patterns = [p.replace("{{ package_name }}", package) for p in config["_skip_if_exists"]]
@@ -159,7 +161,8 @@ def answers(root: Path) -> dict[str, Any]:
 
 def template_head(versions_dir: Path) -> str:
     """The one template revision no other template revision builds on."""
-    revisions, parents = set(), set()
+    revisions: set[str] = set()
+    parents: set[str] = set()
     for path in versions_dir.glob("*.py*"):
         text = path.read_text()
         revisions.update(re.findall(r'^revision: str = "([^"]+)"', text, re.M))
@@ -618,7 +621,8 @@ def _python(versions: Versions, project: Path, code: str) -> subprocess.Complete
 
 
 def _agents_arg(agents: dict[str, dict[str, Any]]) -> str:
-    return "agents=" + yaml.safe_dump(agents, default_flow_style=True).strip()
+    flow: str = yaml.safe_dump(agents, default_flow_style=True)
+    return "agents=" + flow.strip()
 
 
 def test_an_agent_added_by_update_gets_its_module_lane_and_cap_and_the_others_stay(
