@@ -894,7 +894,7 @@ class LandedUpdate:
 
     project: Path
     before: dict[str, bytes]  # every file as the last landing rendered it
-    untouched: Path  # a copy of the project before the update, for a user to edit
+    untouched: Path  # the project before the update; a test copies it, then edits the copy
     update: subprocess.CompletedProcess[str]
 
 
@@ -992,7 +992,11 @@ def test_the_kept_agent_tests_of_the_last_landing_pass_against_the_updated_servi
 # is safe: Copier 9.19 deletes a file the new version no longer renders even when the user
 # edited it (exit 0, no conflict, `git status` shows ` D`). Keys are paths with the package
 # written `<pkg>`, e.g. "src/<pkg>/limits.py".
-REMOVED_ON_PURPOSE: dict[str, str] = {}
+REMOVED_ON_PURPOSE: dict[str, str] = {
+    "src/<pkg>/limits.py": "now the package limits/, which would shadow a module of that name; "
+    "a limits.py left there makes the service refuse to start with a one-line error "
+    "(limits/__init__.py), and the CHANGELOG says to port edits from the deleted file",
+}
 
 
 def test_no_template_owned_file_of_the_last_landing_disappears_in_the_update(
@@ -1024,9 +1028,10 @@ def _line_at_a_change(old: list[str], new: list[str]) -> int | None:
 
 
 def test_an_edit_to_a_template_owned_file_changed_since_the_last_landing_becomes_a_conflict(
-    versions: Versions, landed_update: LandedUpdate
+    versions: Versions, landed_update: LandedUpdate, tmp_path: Path
 ) -> None:
-    project = landed_update.untouched
+    project = tmp_path / "edited"
+    shutil.copytree(landed_update.untouched, project, symlinks=True)
     updated = landed_update.project
     owned = versions.user_owned("v0.2.0", package_of(project))
     for path in sorted(landed_update.before):
@@ -1051,6 +1056,32 @@ def test_an_edit_to_a_template_owned_file_changed_since_the_last_landing_becomes
     status = versions.shell.git(project, "status", "--porcelain").splitlines()
     assert f"UU {path}" in status
 
+
+
+@pytest.mark.parametrize("moved", ["gate", "upstream"])
+def test_an_edit_to_a_moved_template_owned_module_becomes_a_conflict_at_its_old_path(
+    versions: Versions, landed_update: LandedUpdate, tmp_path: Path, moved: str
+) -> None:
+    """A module that moved into limits/ keeps a warning shim at its old path, so a user's edit
+    there is a conflict the user sees, never a file silently deleted with the edit in it."""
+    project = tmp_path / "edited"
+    shutil.copytree(landed_update.untouched, project, symlinks=True)
+    path = f"src/{package_of(project)}/{moved}.py"
+    old = (project / path).read_text().splitlines(keepends=True)
+    line = next(i for i, text in enumerate(old) if text.startswith(("def ", "class ")))
+    user_line = "# user rewrote this line: " + old[line].strip() + "\n"
+    old[line : line + 1] = [user_line, old[line]]
+    (project / path).write_text("".join(old))
+    versions.commit_all(project, "user edit")
+
+    result = versions.update(project, "--vcs-ref", "v0.2.0")
+    assert result.returncode == 0, result.stderr[-4000:]
+    text = (project / path).read_text()
+    assert "<<<<<<< before updating" in text and ">>>>>>> after updating" in text, text[:2000]
+    assert user_line in text
+    assert f"limits.{moved}" in text  # the shim's side of the conflict names the new home
+    status = versions.shell.git(project, "status", "--porcelain").splitlines()
+    assert f"UU {path}" in status
 
 # Adopting the template into an existing service (README: "Adopting the template") -----------
 

@@ -27,8 +27,8 @@ from .children import ChildOutcome
 from .durable import Durable
 from .errors import GiveUp, InvalidPayload, RateLimited, RetryLater
 from .limits import CallLimits, Grant
+from .limits.upstream import retry_after_s
 from .paid_calls import Cost, PaidCalls
-from .upstream import retry_after_s
 
 __all__ = [
     "AGENT_LIMIT",
@@ -54,7 +54,7 @@ class AgentConfig:
     paid: bool = False
     daily_cap_usd: Decimal | None = None
     max_attempts: int | None = None
-    # Jobs of this agent running at once across every worker, and per owner (limits.py).
+    # Jobs of this agent running at once across every worker, and per owner (limits/).
     max_concurrent: int | None = None
     max_concurrent_per_owner: int | None = None
     # The named limit its paid calls wait for unless they name another (the answer `limit`).

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from .upstream import retry_after_s
+from .limits.upstream import retry_after_s
 
 # Rejected before any work: retrying the same request cannot succeed.
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})

@@ -27,8 +27,8 @@ from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .durable import Durable
 from .errors import InvalidPayload, RateLimited, RetryLater
-from .gate import NO_LIMIT, Admission, Gate
 from .limits import CallLimits
+from .limits.gate import NO_LIMIT, Admission, Gate
 from .metrics import Metrics
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue, Push, QueueUnavailable
@@ -66,7 +66,7 @@ class Runtime:
     batched: BatchedWrites | None = None
     # This process's Prometheus series (its own registry: several runtimes never share).
     metrics: Metrics = field(default_factory=Metrics)
-    # Agent concurrency limits, checked before the claim (gate.py); None only in tests.
+    # Agent concurrency limits, checked before the claim (limits/gate.py); None only in tests.
     gate: Gate | None = None
     # Named limits on calls inside jobs (ctx.limit, ctx.paid_call(limit=...)).
     call_limits: CallLimits | None = None
@@ -103,7 +103,7 @@ async def run_job(ctx: dict[str, Any], job_id: str, agent: str = "") -> str:
 async def gate(runtime: Runtime, ctx: dict[str, Any], job_id: str, agent: str = "") -> Admission:
     """The job's place under its agent's concurrency limits (none for unlimited agents,
     without a read of Redis or the database); raises arq's Retry, using no attempt, while
-    the agent is at a limit (gate.py)."""
+    the agent is at a limit (limits/gate.py)."""
     if runtime.gate is None or not runtime.gate.guards(ctx.get("lane"), agent):
         return NO_LIMIT
     return await runtime.gate.admit(runtime.engine, job_id, int(ctx.get("job_try") or 1))

@@ -28,9 +28,9 @@ from redis.exceptions import RedisError
 from . import catalog, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
-from .gate import Gate
 from .http_server import HttpPortUnavailable, ProbeServer
 from .limits import CallLimits, Limiter
+from .limits.gate import Gate
 from .metrics import Metrics
 from .probes import Readiness
 from .queue import (

@@ -1,9 +1,5 @@
-"""Limits shared by every worker, held in Redis (template-owned: copier-agent-worker).
-
-Two kinds: agent limits (`max_concurrent`, `max_concurrent_per_owner`) hold a job before its
-claim (gate.py); named limits (the answer `limits`, in `catalog.LIMITS`) hold calls inside a
-job (`ctx.limit(...)`, `ctx.paid_call(..., limit=...)`), so a job making three model calls
-counts three requests.
+"""The limiter: limits shared by every worker, held in Redis (template-owned:
+copier-agent-worker).
 
 A concurrency limit is a sorted set of holders scored by the time their lease runs out:
 acquiring drops expired holders, counts the rest and adds one; a running job renews its
@@ -24,21 +20,16 @@ database, is untouched.
 
 from __future__ import annotations
 
-import asyncio
-import random
-import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from .errors import RateLimited
-
-KEY_PREFIX = f"{__package__}:limit:"
+# The service's package name, as before the move into limits/: the Redis keys stay the same.
+KEY_PREFIX = f"{__package__.rpartition('.')[0]}:limit:"
 
 # KEYS: the holder sets a job needs all of. ARGV: holder, lease (ms), then each set's size.
 # Takes every slot or none; returns 0 when taken, else the milliseconds until the first
@@ -158,9 +149,6 @@ end
 return 0
 """
 
-# A call waiting for a full concurrency slot looks again after the first value times the
-# number of looks so far, up to the second (with jitter).
-SLOT_POLL_S = (0.02, 0.5)
 PERIOD_MS = {
     "requests_per_second": 1000,
     "requests_per_minute": 60_000,
@@ -262,14 +250,14 @@ class Limiter:
         """Take a place in every one of `slots` for `holder`, or none: 0.0 when taken,
         else the seconds after which a full slot's oldest lease runs out."""
         keys = [slot.key for slot in slots]
-        args: list[str | int] = [holder, _ms(lease_s), *(slot.size for slot in slots)]
+        args: list[str | int] = [holder, to_ms(lease_s), *(slot.size for slot in slots)]
         wait_ms = int(await self._acquire(keys=keys, args=args))
         return wait_ms / 1000
 
     async def renew(self, slots: Sequence[Slot], holder: str, lease_s: float) -> int:
         """Extend `holder`'s leases; returns how many of `slots` still held it."""
         keys = [slot.key for slot in slots]
-        return int(await self._renew(keys=keys, args=[holder, _ms(lease_s)]))
+        return int(await self._renew(keys=keys, args=[holder, to_ms(lease_s)]))
 
     async def release(self, slots: Sequence[Slot], holder: str) -> None:
         """Free `holder`'s places in `slots` (freeing one not held is harmless)."""
@@ -293,89 +281,6 @@ class Limiter:
     async def holders(self, slot: Slot) -> int:
         """How many unexpired holders `slot` has now."""
         return int(await self._holders(keys=[slot.key]))
-
-
-# Told "<kind>:<name>" each time a job (kind agent) or a call (kind call) finds its limit full.
-WaitObserver = Callable[[str], None]
-
-
-class CallLimits:
-    """The named limits (catalog.LIMITS) as one worker uses them: wait, take, release."""
-
-    def __init__(
-        self,
-        limiter: Limiter,
-        configs: Mapping[str, LimitConfig],
-        on_wait: WaitObserver | None = None,
-    ) -> None:
-        self.limiter = limiter
-        self.configs = dict(configs)
-        self.on_wait = on_wait
-
-    @asynccontextmanager
-    async def hold(
-        self, name: str, *, tokens: int = 0, left_s: float | None = None
-    ) -> AsyncIterator[Grant]:
-        """Wait for a place under limit `name` (concurrency slot and rate windows), then hold
-        it for the block. A wait longer than `left_s` (what the job has left) raises
-        `RateLimited`, which puts the job back in the queue without using an attempt."""
-        config = self.configs.get(name)
-        if config is None:
-            known = ", ".join(sorted(self.configs)) or "none"
-            raise ValueError(f"no limit named {name!r}; the limits are: {known}")
-        most = config.tokens_per_minute
-        if tokens < 0 or (most is not None and tokens > most):
-            raise ValueError(
-                f"tokens={tokens} can never fit limit {name!r} "
-                f"(tokens_per_minute {config.tokens_per_minute})"
-            )
-        windows = config.windows(name)
-        holder = secrets.token_hex(8)
-        lease_ms = _ms(left_s if left_s is not None else 3600)
-        waited = 0.0
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        polls = 0
-        while True:
-            wait_ms, full, now_ms = await self.limiter.take(windows, holder, lease_ms, tokens)
-            if wait_ms == 0 and not full:
-                break
-            polls += 0 if wait_ms else 1
-            wait_s = pause_s(wait_ms, polls, random.random())
-            if polls <= 1:
-                await note_waiting(self.limiter.redis, f"call:{name}", holder)
-            if waited == 0.0 and self.on_wait is not None:
-                self.on_wait(f"call:{name}")  # once per call that had to wait
-            if left_s is not None and (loop.time() - began) + wait_s > left_s:
-                raise RateLimited(
-                    after_s=wait_s,
-                    reason=f"limit {name!r} is full for {wait_s:.1f}s, more than the job has left",
-                )
-            await asyncio.sleep(wait_s)
-            waited = loop.time() - began
-        grant = Grant(name, tokens, now_ms, waited)
-        try:
-            yield grant
-        finally:
-            concurrency = [Slot(key, size) for key, kind, size, _ in windows if kind == "c"]
-            if concurrency:
-                await self.limiter.release(concurrency, holder)
-            if grant.tokens_used is not None and config.tokens_per_minute is not None:
-                key = next(key for key, kind, _, _ in windows if kind == "t")
-                await self.limiter.settle(key, holder, tokens, grant.tokens_used)
-
-
-def pause_s(wait_ms: int, polls: int, jitter: float) -> float:
-    """How long a call waits before it looks again: the wait the rate windows name (plus up
-    to 10 %), or, for a full concurrency slot, a poll that grows with each look (±20 %).
-
-    >>> pause_s(1000, 0, 0.0), pause_s(0, 1, 0.5) == SLOT_POLL_S[0]
-    (1.0, True)
-    """
-    if wait_ms:  # the rate windows name the wait exactly
-        return wait_ms / 1000 * (1 + 0.1 * jitter)
-    # a full slot frees when a call ends: look again soon
-    return min(SLOT_POLL_S[1], SLOT_POLL_S[0] * polls) * (0.8 + 0.4 * jitter)
 
 
 # Who waits on a limit: a sorted set per limit of waiters scored by when they last found it
@@ -438,5 +343,6 @@ async def usage(
     return rows
 
 
-def _ms(seconds: float) -> int:
+def to_ms(seconds: float) -> int:
+    """Seconds as the whole milliseconds a Lua script takes (at least 1)."""
     return max(1, round(seconds * 1000))
