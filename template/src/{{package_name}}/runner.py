@@ -10,16 +10,17 @@ import asyncio
 import contextlib
 import json
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from enum import Enum, StrEnum
+from typing import Any, TypeVar
 
 import structlog
 from arq.worker import Retry
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import job_store, paid_calls, provider_errors, recovery, replies, spend, tracing, waiting
 from .agent import AgentContext, bind_logger
@@ -35,7 +36,7 @@ from .queue import JobQueue, Push, QueueUnavailable
 from .registry import Agent, Registry
 from .retry import RetryPolicy, is_permanent
 from .settings import Settings
-from .states import JobState
+from .states import PARKED, SETTLED, JobState, target
 
 log = structlog.get_logger("runner")
 T = TypeVar("T")
@@ -76,17 +77,132 @@ class Runtime:
         return self.registry.agents
 
 
+class Kind(StrEnum):
+    """How an attempt ended; the log line says `job_<kind>`."""
+
+    COMPLETED = "completed"
+    RETRY = "retry"  # failed, with attempts left: queued again after a backoff
+    DEFERRED = "deferred"  # the upstream said "too many requests": queued, no attempt used
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    DENIED = "denied"
+    IN_DOUBT = "in_doubt"
+    WAITING = "waiting"  # for an approval or the job's children
+
+
+class Then(Enum):
+    """What the run does once its outcome is written."""
+
+    RETURN = "return"  # the job is settled or parked: the run ends with its state
+    REQUEUE = "requeue"  # the job is queued again: arq delivers it after the outcome's delay
+    PARK = "park"  # the job waits, with no arq entry (or, if what it waits for is there, queued)
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What one attempt ended with."""
+    """What one attempt ended with; built by the constructors below, which take what its
+    verb writes (an error for every outcome but completed and waiting)."""
 
-    kind: Literal[
-        "completed", "retry", "deferred", "failed", "dead_lettered", "denied", "in_doubt", "waiting"
-    ]
-    result: dict[str, Any] | None = None
+    kind: Kind
     error: job_store.ErrorInfo | None = None
-    delay_s: float = 0.0
-    waiting_for: str | None = None  # "approval:NAME" or "children"
+    delay_s: float = 0.0  # before arq delivers a retried or deferred job again
+    # The keywords of the kind's verb (OUTCOMES) besides the job, its attempt and the time.
+    writes: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def state(self) -> JobState:
+        """The state this outcome leaves the job in (its verb's target)."""
+        return OUTCOMES[self.kind].state
+
+    @property
+    def then(self) -> Then:
+        return OUTCOMES[self.kind].then
+
+    @classmethod
+    def completed(cls, result: dict[str, Any]) -> Outcome:
+        return cls(Kind.COMPLETED, writes={"result": result})
+
+    @classmethod
+    def retry(cls, error: job_store.ErrorInfo, delay_s: float) -> Outcome:
+        return cls(Kind.RETRY, error, delay_s, writes={"error": error})
+
+    @classmethod
+    def deferred(cls, error: job_store.ErrorInfo, delay_s: float) -> Outcome:
+        return cls(Kind.DEFERRED, error, delay_s, writes={"error": error})
+
+    @classmethod
+    def failed(cls, error: job_store.ErrorInfo) -> Outcome:
+        return cls(Kind.FAILED, error, writes={"error": error})
+
+    @classmethod
+    def dead_lettered(cls, error: job_store.ErrorInfo) -> Outcome:
+        return cls(Kind.DEAD_LETTERED, error, writes={"error": error})
+
+    @classmethod
+    def denied(cls, error: job_store.ErrorInfo) -> Outcome:
+        return cls(Kind.DENIED, error, writes={"reason": error.message})
+
+    @classmethod
+    def in_doubt(cls, error: job_store.ErrorInfo) -> Outcome:
+        return cls(Kind.IN_DOUBT, error, writes={"reason": error.message})
+
+    @classmethod
+    def waiting(cls, reason: str) -> Outcome:
+        """Waiting for `reason` ("approval:NAME" or "children")."""
+        return cls(Kind.WAITING, writes={"reason": reason})
+
+
+@dataclass(frozen=True)
+class Run:
+    """One claimed attempt, as every step after the claim sees it."""
+
+    job: job_store.Job
+    agent: Agent | None  # looked up once; None when this worker has no agent of that name
+    log: Any  # bound to the job's id, agent and attempt
+
+    @property
+    def reply(self) -> replies.ReplyFn | None:
+        return self.agent.reply if self.agent is not None else None
+
+
+async def _record_reply(conn: AsyncConnection, run: Run, now: datetime) -> None:
+    """A completed job with a reply step: the reply is pending, in the same transaction."""
+    if run.reply is not None:
+        await replies.record_pending(conn, run.job.id, run.job.agent, now)
+
+
+async def _park_open_calls(conn: AsyncConnection, run: Run, now: datetime) -> None:
+    await paid_calls.park_open_calls(conn, run.job.id)
+
+
+@dataclass(frozen=True)
+class Fate:
+    """How one kind of outcome is written, and what the run does after."""
+
+    transition: str  # its name in states.TRANSITIONS, whose target is the job's new state
+    # job_store's function (a bool: whether it moved the job), or waiting.park for a wait
+    verb: Callable[..., Awaitable[bool | str | None]]
+    then: Then
+    # Also written in the verb's transaction, when the verb moved the job.
+    also: Callable[[AsyncConnection, Run, datetime], Awaitable[None]] | None = None
+
+    @property
+    def state(self) -> JobState:
+        return target(self.transition)
+
+
+# The one table of outcome writes: each kind's verb, called with the outcome's `writes` (plus
+# run_after for a requeue) in one place, `write_outcome`.
+OUTCOMES: dict[Kind, Fate] = {
+    Kind.COMPLETED: Fate("complete", job_store.complete, Then.RETURN, also=_record_reply),
+    Kind.RETRY: Fate("retry", job_store.retry, Then.REQUEUE),
+    Kind.DEFERRED: Fate("defer", job_store.defer, Then.REQUEUE),
+    Kind.FAILED: Fate("fail", job_store.fail, Then.RETURN),
+    Kind.DEAD_LETTERED: Fate("dead_letter", job_store.dead_letter, Then.RETURN),
+    Kind.DENIED: Fate("deny", job_store.deny, Then.RETURN),
+    Kind.IN_DOUBT: Fate("mark_in_doubt", job_store.mark_in_doubt, Then.RETURN, _park_open_calls),
+    Kind.WAITING: Fate("wait", waiting.park, Then.PARK),
+}
 
 
 async def run_job(ctx: dict[str, Any], job_id: str, agent: str = "") -> str:
@@ -117,14 +233,14 @@ async def run_admitted(
     if job is None:
         runtime.metrics.claim_refused()
         return await not_claimed(runtime, job_id)
-    jlog = bind_logger(job.id, job.agent, job.attempts)
-    jlog.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
+    run = Run(job, runtime.agents.get(job.agent), bind_logger(job.id, job.agent, job.attempts))
+    run.log.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
     # Observed: the claim on entry, the recorded state on exit (metrics.py); traced as a
     # CONSUMER span joined to the submit's trace (tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
-        check = await patiently(lambda: check_before_running(runtime, job), jlog)
-        outcome = check or await call_agent(runtime, job, jlog, admission)
-        observed.state = await record_outcome(runtime, job, outcome, jlog)
+        check = await patiently(lambda: check_before_running(runtime, run), run.log)
+        outcome = check or await call_agent(runtime, run, admission)
+        observed.state = await record_outcome(runtime, run, outcome)
         return observed.state
 
 
@@ -178,34 +294,32 @@ async def settle_lost_last_attempt(runtime: Runtime, job_id: str) -> str:
     return state.value if state is not None else "not_claimed"
 
 
-async def check_before_running(runtime: Runtime, job: job_store.Job) -> Outcome | None:
+async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
     """An outcome decided before the agent runs: a paid call left open by a dead worker
     (in doubt), a paid agent without cap or budget (denied), or attempts used up."""
+    job = run.job
     if job.attempts > job.max_attempts:
         lost = job_store.ErrorInfo(
             "AttemptsExhausted", "every attempt was used by workers that stopped mid-job"
         )
-        return Outcome("dead_lettered", error=lost)
-    agent = runtime.agents.get(job.agent)
-    paid = agent is not None and agent.config.paid
+        return Outcome.dead_lettered(lost)
+    paid = run.agent is not None and run.agent.config.paid
     if job.attempts == 1 and not paid:
         return None  # no earlier attempt could have left a paid call open; no cap to check
     async with runtime.engine.connect() as conn:
         if job.attempts > 1 and await paid_calls.has_open_call(conn, job.id):
             reason = "a paid call was open when its worker stopped; the provider may have charged"
-            return Outcome("in_doubt", error=job_store.ErrorInfo("PaidCallInDoubt", reason))
+            return Outcome.in_doubt(job_store.ErrorInfo("PaidCallInDoubt", reason))
         if paid:
             refusal = await spend.exhausted(conn, job.agent, spend.utc_day(_now()))
             if refusal is not None:
-                return Outcome("denied", error=job_store.ErrorInfo("SpendDenied", refusal))
+                return Outcome.denied(job_store.ErrorInfo("SpendDenied", refusal))
     return None
 
 
-async def call_agent(
-    runtime: Runtime, job: job_store.Job, jlog: Any, admission: Admission = NO_LIMIT
-) -> Outcome:
+async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT) -> Outcome:
     """Run the agent under its timeout while a heartbeat keeps the lease."""
-    agent = runtime.agents.get(job.agent)
+    job, agent, jlog = run.job, run.agent, run.log
     if agent is None:
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
         return decide(runtime.policy, job, error, ())
@@ -235,12 +349,12 @@ async def call_agent(
             result = await agent.run(ctx, dict(job.payload))
         _check_result(result)
     except waiting.Wait as wait:
-        return Outcome("waiting", waiting_for=wait.reason)
+        return Outcome.waiting(wait.reason)
     except (Exception, spend.SpendDenied, PaidCallInDoubt) as exc:  # noqa: BLE001 - all recorded
         return decide(runtime.policy, job, exc, agent.permanent_errors)
     finally:
         await heartbeat.stop()
-    return Outcome("completed", result=result)
+    return Outcome.completed(result)
 
 
 def decide(
@@ -252,21 +366,21 @@ def decide(
     """Map an agent's exception to the next state, using the database's attempt count."""
     error = error_info(exc)
     if isinstance(exc, spend.SpendDenied):
-        return Outcome("denied", error=error)
+        return Outcome.denied(error)
     if isinstance(exc, PaidCallInDoubt):
-        return Outcome("in_doubt", error=error)
+        return Outcome.in_doubt(error)
     verdict = provider_errors.read(exc)
     if isinstance(exc, RateLimited) or (verdict is not None and verdict.next == "wait"):
         if job.deferrals >= policy.max_deferrals:
             why = f"rate limited for too long: sent back {job.deferrals} times; last: {exc}"
-            return Outcome("dead_lettered", error=job_store.ErrorInfo("RateLimited", why))
-        return Outcome("deferred", error=error, delay_s=wait_s(policy, job, exc, verdict))
+            return Outcome.dead_lettered(job_store.ErrorInfo("RateLimited", why))
+        return Outcome.deferred(error, wait_s(policy, job, exc, verdict))
     if is_permanent(exc, permanent) or (verdict is not None and verdict.next == "fail"):
-        return Outcome("failed", error=error)
+        return Outcome.failed(error)
     if policy.exhausted(job.attempts, job.max_attempts):
-        return Outcome("dead_lettered", error=error)
+        return Outcome.dead_lettered(error)
     delay = exc.after_s if isinstance(exc, RetryLater) else policy.delay(job.attempts)
-    return Outcome("retry", error=error, delay_s=delay)
+    return Outcome.retry(error, delay)
 
 
 def wait_s(
@@ -284,40 +398,33 @@ def wait_s(
     return policy.delay(job.deferrals + 1)
 
 
-async def record_outcome(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
-    """Write the outcome, guarded by the attempt number; hand a retry back to arq."""
-    if outcome.kind == "waiting":
-        return await park(runtime, job, outcome, jlog)
-    agent = runtime.agents.get(job.agent)
-    reply = agent.reply if agent is not None else None
-    has_reply = reply is not None
-    done = await patiently(lambda: write_outcome(runtime, job, outcome, has_reply=has_reply), jlog)
-    if not done:
-        jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
+async def record_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> str:
+    """Write the outcome, guarded by the attempt number, and do what comes next: push a
+    parent its settling child queued, log it, send a reply, hand a requeued job to arq."""
+    state = await patiently(lambda: write_outcome(runtime, run, outcome), run.log)
+    if state is None:
+        run.log.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind.value)
         return "lease_lost"
-    if job.parent_id is not None and outcome.kind not in ("retry", "deferred", "in_doubt"):
-        await push_parent(runtime, job.parent_id, jlog)
-    if outcome.kind == "completed":
-        jlog.info("job_completed", state=outcome.kind)
-        if reply is not None:
-            await send_reply(runtime, job.id, reply, jlog)
-        return outcome.kind
-    assert outcome.error is not None
-    if outcome.kind == "deferred":
-        jlog.info("job_deferred", state=JobState.QUEUED.value, retry_in_s=round(outcome.delay_s, 3))
+    if run.job.parent_id is not None and state in SETTLED:
+        await push_parent(runtime, run.job.parent_id, run.log)
+    log_outcome(run.log, outcome, state)
+    if state is JobState.COMPLETED and run.reply is not None:
+        await send_reply(runtime, run.job.id, run.reply, run.log)
+    if state is JobState.QUEUED:  # requeued, or parked when what it waits for was there
         raise Retry(defer=timedelta(seconds=outcome.delay_s))
-    if outcome.kind != "retry":
-        jlog.warning(
-            "job_" + outcome.kind, state=outcome.kind, error_class=outcome.error.error_class
-        )
-        return outcome.kind
-    jlog.info(
-        "job_retry",
-        state=JobState.QUEUED.value,
-        error_class=outcome.error.error_class,
-        retry_in_s=round(outcome.delay_s, 3),
-    )
-    raise Retry(defer=timedelta(seconds=outcome.delay_s))
+    return state.value
+
+
+def log_outcome(jlog: Any, outcome: Outcome, state: JobState) -> None:
+    """One line, `job_<kind>`: a warning when the job is parked for a person, else info."""
+    fields: dict[str, Any] = {"state": state.value}
+    if outcome.error is not None and outcome.kind is not Kind.DEFERRED:  # a 429 is no error
+        fields["error_class"] = outcome.error.error_class
+    if outcome.then is Then.REQUEUE:
+        fields["retry_in_s"] = round(outcome.delay_s, 3)
+    if outcome.then is Then.PARK:
+        fields["waiting_for"] = outcome.writes["reason"]
+    (jlog.warning if state in PARKED else jlog.info)("job_" + outcome.kind.value, **fields)
 
 
 async def patiently(attempt: Callable[[], Awaitable[T]], jlog: Any) -> T:
@@ -332,69 +439,28 @@ async def patiently(attempt: Callable[[], Awaitable[T]], jlog: Any) -> T:
     return await attempt()
 
 
-async def write_outcome(
-    runtime: Runtime, job: job_store.Job, outcome: Outcome, *, has_reply: bool
-) -> bool:
-    """One try at writing `outcome` for the attempt `job.attempts`; False when that attempt
-    no longer holds the job (its lease was taken over)."""
-    now = _now()
+async def write_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> JobState | None:
+    """One try at writing `outcome` for the attempt `run.job.attempts` with its verb
+    (OUTCOMES): the state it left the job in, or None when that attempt no longer holds the
+    job (its lease was taken over)."""
+    job, fate = run.job, OUTCOMES[outcome.kind]
     # A child's completion may queue its parent, in job_store.complete's transaction.
-    batchable = not has_reply and job.parent_id is None
-    if outcome.kind == "completed" and batchable and runtime.batched is not None:
-        assert outcome.result is not None
-        return await runtime.batched.complete(job.id, attempt=job.attempts, result=outcome.result)
+    batchable = run.reply is None and job.parent_id is None
+    if outcome.kind is Kind.COMPLETED and batchable and runtime.batched is not None:
+        done = await runtime.batched.complete(job.id, attempt=job.attempts, **outcome.writes)
+        return fate.state if done else None
+    now = _now()
+    keywords = dict(outcome.writes, attempt=job.attempts, now=now)
+    if fate.then is Then.REQUEUE:
+        keywords["run_after"] = now + timedelta(seconds=outcome.delay_s)
     async with transaction(runtime.engine) as conn:
-        if outcome.kind == "completed":
-            assert outcome.result is not None
-            done = await job_store.complete(
-                conn, job.id, attempt=job.attempts, result=outcome.result, now=now
-            )
-            if done and has_reply:
-                await replies.record_pending(conn, job.id, job.agent, now)
-        elif outcome.kind in ("retry", "deferred"):
-            assert outcome.error is not None
-            requeue = job_store.retry if outcome.kind == "retry" else job_store.defer
-            done = await requeue(
-                conn,
-                job.id,
-                attempt=job.attempts,
-                error=outcome.error,
-                now=now,
-                run_after=now + timedelta(seconds=outcome.delay_s),
-            )
-        elif outcome.kind in ("denied", "in_doubt"):
-            assert outcome.error is not None
-            park = job_store.deny if outcome.kind == "denied" else job_store.mark_in_doubt
-            done = await park(
-                conn, job.id, reason=outcome.error.message, now=now, attempt=job.attempts
-            )
-            if done and outcome.kind == "in_doubt":
-                await paid_calls.park_open_calls(conn, job.id)
-        else:
-            assert outcome.error is not None
-            verb = job_store.fail if outcome.kind == "failed" else job_store.dead_letter
-            done = await verb(conn, job.id, attempt=job.attempts, error=outcome.error, now=now)
-    return done
-
-
-async def park(runtime: Runtime, job: job_store.Job, outcome: Outcome, jlog: Any) -> str:
-    """Park the job `waiting` (no lease, no arq entry, no attempt used); when what it waits
-    for is already there, hand it straight back to arq instead."""
-    assert outcome.waiting_for is not None
-    reason = outcome.waiting_for
-
-    async def write() -> str | None:
-        async with transaction(runtime.engine) as conn:
-            return await waiting.park(conn, job.id, attempt=job.attempts, reason=reason, now=_now())
-
-    state = await patiently(write, jlog)
-    if state is None:
-        jlog.warning("outcome_not_recorded_lease_lost", outcome=outcome.kind)
-        return "lease_lost"
-    jlog.info("job_waiting", state=state, waiting_for=reason)
-    if state == "queued":
-        raise Retry(defer=0)
-    return JobState.WAITING.value
+        written = await fate.verb(conn, job.id, **keywords)
+        if written and fate.also is not None:
+            await fate.also(conn, run, now)
+    if not written:
+        return None
+    # waiting.park says which state: a parent whose children all settled meanwhile is queued.
+    return JobState(written) if isinstance(written, str) else fate.state
 
 
 async def push_parent(runtime: Runtime, parent_id: str, jlog: Any) -> None:
