@@ -33,7 +33,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from .db import sqlite_pragmas
-from .job_store import Job
+from .queries import Job
 from .states import JobState
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import job_store
+from . import queries
 from .limits import Concurrency, Limiter, Slot, WaitObserver, agent_slots, note_waiting
 from .routes import Routes
 
@@ -146,7 +146,7 @@ class Gate:
         who = self._who.get(job_id)
         if who is None:
             async with engine.connect() as conn:
-                job = await job_store.get_job(conn, job_id)
+                job = await queries.get_job(conn, job_id)
             if job is None:
                 return None
             who = self._who[job_id] = (job.agent, job.owner)
