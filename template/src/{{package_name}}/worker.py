@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from . import catalog, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
+from .connections import describe_redis_error, redis_settings
 from .db import create_engine
 from .gate import Gate
 from .http_server import HttpPortUnavailable, ProbeServer
@@ -36,10 +37,8 @@ from .probes import Readiness
 from .queue import (
     JobQueue,
     Starter,
-    describe_redis_error,
     deserialize,
     queue_name,
-    redis_settings,
     ring,
     serialize,
     wait_for_work,
