@@ -3,7 +3,7 @@
 A job whose agent (or whose owner's share of it) is at its `max_concurrent` limit is not
 claimed, so it uses no attempt: the gate asks arq to deliver it again a little later, and
 it starts in whichever worker finds a slot free. arq counts that delivery against its own
-`max_tries` (worker.ARQ_MAX_TRIES, 10,000); the database's attempt count, which is the one
+`max_tries` (lanes.ARQ_MAX_TRIES, 10,000); the database's attempt count, which is the one
 that decides retries and dead letters, is untouched. Should a job wait so long that arq
 gives up on it, its row is still `queued` and recovery pushes it again.
 """
