@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import approvals, catalog, children, dlq, job_store, registry, spend
+from . import approvals, catalog, children, dlq, queries, registry, spend
 from .models import GLOBAL
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
@@ -137,7 +137,7 @@ async def resolve(
 ) -> JobState:
     """Settle an `in_doubt` job as completed, failed or retry (audited); a retry is pushed."""
     async with engine.connect() as conn:
-        job = await job_store.get_job(conn, job_id)
+        job = await queries.get_job(conn, job_id)
     state = await dlq.resolve(
         engine,
         job_id,
@@ -198,7 +198,7 @@ async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) 
     if not job_ids:
         return None
     async with engine.connect() as conn:
-        found = [await job_store.get_job(conn, job_id) for job_id in job_ids]
+        found = [await queries.get_job(conn, job_id) for job_id in job_ids]
     try:
         queue = await JobQueue.connect(settings, conn_retries=0)
     except QueueUnavailable as exc:

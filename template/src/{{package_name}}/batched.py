@@ -33,7 +33,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from .db import sqlite_pragmas
-from .job_store import Job
+from .queries import Job
 from .states import JobState
 
 T = TypeVar("T")
@@ -102,7 +102,7 @@ class Batcher(Generic[T, R]):
     """Gathers the items that arrive within `window_s` of the first, writes them as one
     batch, and writes whatever arrived meanwhile next (group commit).
 
-    The lane worker starts the jobs of one read together (worker.LaneWorker.start_jobs), so
+    The lane worker starts the jobs of one read together (lanes.LaneWorker.start_jobs), so
     their claims arrive in the same turn of the event loop, and completions that arrive
     while a batch is being written form the next one: the default window of 0 already
     batches under load and adds nothing to a lone job. A batch never holds more than the

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import audit, job_store
+from . import audit, job_store, queries
 from .db import transaction
 from .errors import InvalidPayload
 from .queue import JobQueue, Push, QueueUnavailable
@@ -78,7 +78,7 @@ async def spawn(
             max_attempts=route.max_attempts,
             now=datetime.now(UTC),
         )
-        state = None if created else (await job_store.get_job(conn, child_id))
+        state = None if created else (await queries.get_job(conn, child_id))
     # A child recorded by a run that died before pushing it is pushed now (arq refuses a
     # second copy of a job it holds); recovery would push it too.
     if queue is not None and (created or (state is not None and state.state in RUNNABLE)):
@@ -94,9 +94,9 @@ async def spawn(
 async def wait_children(engine: AsyncEngine, parent_id: str) -> dict[str, ChildOutcome]:
     """Every child's outcome by key once all have settled; until then raise `Wait`."""
     async with engine.connect() as conn:
-        if await job_store.unsettled_children(conn, parent_id):
-            raise Wait(job_store.CHILDREN)
-        children = await job_store.children_of(conn, parent_id)
+        if await queries.unsettled_children(conn, parent_id):
+            raise Wait(queries.CHILDREN)
+        children = await queries.children_of(conn, parent_id)
     return {
         str(child.child_key): ChildOutcome(
             job_id=child.id,
@@ -116,11 +116,11 @@ async def resume_settled(engine: AsyncEngine, *, dry_run: bool = False) -> list[
     after = ""
     while True:
         async with engine.connect() as conn:
-            page = await job_store.waiting_for_children_page(conn, after_id=after, limit=PAGE)
+            page = await queries.waiting_for_children_page(conn, after_id=after, limit=PAGE)
             ready = [
                 Push(job_id, lane, priority=priority, agent=agent)
                 for job_id, lane, priority, agent in page
-                if not await job_store.unsettled_children(conn, job_id)
+                if not await queries.unsettled_children(conn, job_id)
             ]
         if not page:
             return pushes
@@ -157,7 +157,7 @@ async def cancel(
             now=now,
         )
         if with_children:
-            for child in await job_store.children_of(conn, job_id):
+            for child in await queries.children_of(conn, job_id):
                 if child.state in cancellable and await job_store.cancel(conn, child.id, now=now):
                     cancelled.append(child.id)
                     await audit.record(

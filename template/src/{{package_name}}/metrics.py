@@ -41,7 +41,7 @@ from .stats import lane_depths, read_service_stats
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from .job_store import Job
+    from .queries import Job
     from .queue import JobQueue
     from .recovery import ReconcileReport
 

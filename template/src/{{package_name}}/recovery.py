@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import approvals, children, job_store, paid_calls, registry, replies
+from . import approvals, children, job_store, paid_calls, queries, registry, replies
 from .db import create_engine, transaction
 from .queue import JobQueue, Push
 from .settings import Settings
@@ -103,8 +103,8 @@ async def reconcile(
 async def rows_to_examine(engine: AsyncEngine) -> int:
     """How many rows a pass would examine now (a progress bar's total)."""
     async with engine.connect() as conn:
-        queued = (await job_store.count_by_state(conn)).get(JobState.QUEUED.value, 0)
-        expired = await job_store.count_expired_leases(conn, now=datetime.now(UTC))
+        queued = (await queries.count_by_state(conn)).get(JobState.QUEUED.value, 0)
+        expired = await queries.count_expired_leases(conn, now=datetime.now(UTC))
     return queued + expired
 
 
@@ -188,7 +188,7 @@ async def _rescue_expired_leases(
         # after this page was read (its new lease ends after `now`) is never taken away.
         now = datetime.now(UTC)
         async with engine.connect() as conn:
-            ids = await job_store.expired_leases(conn, now=now, after_id=after, limit=PAGE)
+            ids = await queries.expired_leases(conn, now=now, after_id=after, limit=PAGE)
         if not ids:
             return
         after = ids[-1]
@@ -233,7 +233,7 @@ async def _push_lost_queued(
     after = ""
     while True:
         async with engine.connect() as conn:
-            page = await job_store.queued_page(conn, after_id=after, limit=PAGE)
+            page = await queries.queued_page(conn, after_id=after, limit=PAGE)
         if not page:
             return
         after = page[-1][0]

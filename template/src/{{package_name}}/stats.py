@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import dlq, job_store, limits, registry, replies, spend
+from . import dlq, limits, queries, registry, replies, spend
 from .queue import JobQueue
 from .settings import Settings
 from .states import JobState
@@ -43,11 +43,11 @@ async def read_service_stats(conn: AsyncConnection, *, causes: bool = True) -> S
     """Counts by state, each lane's oldest due and its scheduled queued jobs, parked causes,
     today's spend against the caps and unsent replies, in one connection."""
     now = datetime.now(UTC)
-    by_state = await job_store.count_by_state(conn)
+    by_state = await queries.count_by_state(conn)
     return ServiceStats(
         jobs_by_state={s.value: by_state.get(s.value, 0) for s in JobState},
-        oldest_queued=await job_store.oldest_queued(conn, now=now),
-        scheduled=await job_store.scheduled_counts(conn, now=now),
+        oldest_queued=await queries.oldest_queued(conn, now=now),
+        scheduled=await queries.scheduled_counts(conn, now=now),
         parked_by_cause=await dlq.causes(conn) if causes else [],
         caps=await spend.caps_for_day(conn, datetime.now(UTC).date()),
         unsent_replies=await replies.unsent(conn),

@@ -19,7 +19,7 @@ import structlog
 
 from . import job_store, tracing
 from .db import create_engine, transaction
-from .job_store import PRIORITIES
+from .queries import PRIORITIES
 from .queue import JobQueue, Push, QueueUnavailable
 from .registry import Agent, load_agents
 from .settings import Settings, check_redis_tls, get_settings
@@ -266,7 +266,7 @@ MAX_DELAY_S = 365 * 24 * 3600
 
 
 def priority_rank(priority: str) -> int:
-    """The stored rank of a priority name (`job_store.PRIORITIES`).
+    """The stored rank of a priority name (`queries.PRIORITIES`).
 
     >>> priority_rank("high")
     1

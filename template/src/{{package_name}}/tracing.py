@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .job_store import Job
+    from .queries import Job
 
 try:
     from opentelemetry import propagate

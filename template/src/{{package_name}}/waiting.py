@@ -13,7 +13,7 @@ from typing import Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import job_store
+from . import job_store, queries
 
 
 class Wait(BaseException):
@@ -47,7 +47,7 @@ async def park(
     """
     if not await job_store.wait(conn, job_id, attempt=attempt, reason=reason, now=now):
         return None
-    if reason == job_store.CHILDREN and await job_store.resume_if_children_settled(
+    if reason == queries.CHILDREN and await job_store.resume_if_children_settled(
         conn, job_id, now=now
     ):
         return "queued"

@@ -1,13 +1,9 @@
-"""Composition root: one arq worker per lane, sharing a runtime (template-owned).
+"""The worker process: one runtime shared by the lanes it runs (template-owned).
 
-Each lane is its own arq queue with its own `job_timeout`, taken from the longest timeout
-of its agents; arq's in-progress key lives that long plus 10 s, which is how long a job
-whose worker crashed waits before another worker may take it.
-
-The process outlives Redis faults: arq's worker leaves its poll loop on the first
-connection error (a Redis restart, a dropped connection, a failover), so each lane runs
-under a `LaneSupervisor` that logs the fault, pauses and builds a new arq worker, and the
-next successful connection triggers a reconcile, which re-pushes whatever Redis lost.
+`run_lanes` opens the runtime (database, Redis, the agents' registry, the gate and call
+limits, metrics) and runs each lane under its supervisor (lanes.py). Around the lanes it
+serves the HTTP probes, reconciles on a timer and at once when a lane reconnects to Redis,
+runs the schedules, and drains on SIGINT/SIGTERM: running jobs get their lane's timeout.
 """
 
 from __future__ import annotations
@@ -17,51 +13,32 @@ import contextlib
 import os
 import signal
 import socket
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import structlog
-from arq.worker import Retry, Worker, func
-from redis.exceptions import RedisError
 
 from . import catalog, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .http_server import HttpPortUnavailable, ProbeServer
+from .lanes import RECORD_GRACE_S
+
+# Importable from here as before lanes.py: bench/ builds its arq workers from a lane's
+# settings, and bench/limits.py drives one lane with its supervisor.
+from .lanes import LaneSupervisor as LaneSupervisor
+from .lanes import worker_settings as worker_settings
 from .limits import CallLimits, Limiter
 from .limits.gate import Gate
 from .metrics import Metrics
 from .probes import Readiness
-from .queue import (
-    JobQueue,
-    Starter,
-    describe_redis_error,
-    deserialize,
-    queue_name,
-    redis_settings,
-    ring,
-    serialize,
-    wait_for_work,
-)
+from .queue import JobQueue
 from .recovery import reconcile
 from .retry import RetryPolicy
-from .runner import Runtime, run_job
+from .runner import Runtime
 from .settings import Settings
 
 log = structlog.get_logger("worker")
-
-# Seconds arq adds to a lane's timeout so the runner can record a timeout itself.
-RECORD_GRACE_S = 5
-# arq counts every start, re-deliveries included; our own attempt limit is the real one.
-ARQ_MAX_TRIES = 10_000
-# arq keeps a started job's in-progress key for its function's timeout plus this.
-ARQ_IN_PROGRESS_EXTRA_S = 10
-# After a fault, a lane's worker is rebuilt after a pause that doubles from the first value
-# up to the second, and drops back to the first once a rebuilt worker has run HEALTHY_RUN_S:
-# a long Redis outage costs one log line per pause, never a crash loop.
-RESTART_PAUSE_S = (1.0, 15.0)
-HEALTHY_RUN_S = 60.0
 
 
 def lane_timeouts(settings: Settings) -> dict[str, int]:
@@ -117,268 +94,6 @@ async def close_runtime(runtime: Runtime) -> None:
     if runtime.batched is not None:
         await runtime.batched.close()
     await runtime.engine.dispose()
-
-
-def crash_comeback_s(lane_timeout_s: float, lease_s: float) -> float:
-    """How long a job whose worker died waits before another worker runs it: arq delivers
-    it again once its in-progress key expires (the job function's timeout, which is the
-    lane's timeout + RECORD_GRACE_S, + arq's 10 s), and the claim waits for the lease.
-
-    >>> crash_comeback_s(60, 30.0)
-    75.0
-    """
-    return float(max(lane_timeout_s + RECORD_GRACE_S + ARQ_IN_PROGRESS_EXTRA_S, lease_s))
-
-
-def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict[str, Any]:
-    """The arq WorkerSettings of one lane.
-
-    No arq hooks run job code: an exception in `on_job_start`/`on_job_end` would stop the
-    worker, so the runner does all per-job work inside the job function.
-    """
-    timeout = runtime.lane_timeouts[lane]
-    settings = runtime.settings
-    return {
-        "functions": [func(run_job_then_ring, name="run_job", timeout=timeout + RECORD_GRACE_S)],
-        "queue_name": queue_name(lane),
-        "redis_settings": redis_settings(settings),
-        "job_serializer": serialize,
-        "job_deserializer": deserialize,
-        "max_jobs": settings.max_jobs_of(lane),
-        "poll_delay": settings.poll_delay_s,
-        "keep_result": settings.keep_result_s,
-        "max_tries": ARQ_MAX_TRIES,
-        "burst": burst,
-        "handle_signals": False,
-        # SIGTERM: stop taking jobs, give running ones the lane's timeout to finish.
-        "job_completion_wait": timeout + RECORD_GRACE_S,
-        "ctx": {"runtime": runtime, "lane": lane},
-        "log_results": False,
-    }
-
-
-# A due retry rings a little after its time, so the woken worker finds it due.
-DUE_MARGIN_S = 0.005
-
-
-async def run_job_then_ring(ctx: dict[str, Any], job_id: str, agent: str = "") -> str:
-    """`runner.run_job`; a retry also rings the lane's doorbell when it comes due."""
-    try:
-        return await run_job(ctx, job_id, agent)
-    except Retry as retry:
-        ring_when_due = ctx.get("ring_when_due")
-        if ring_when_due is not None:
-            ring_when_due((retry.defer_score or 0) / 1000)
-        raise
-
-
-class LaneWorker(Worker):
-    """arq's worker for one lane, which picks work up when it comes rather than a poll later.
-
-    arq sleeps `poll_delay` between reads of the queue. After a read that was not full, this
-    worker waits instead for the first of: a ring of the lane's doorbell (every push rings:
-    submit, replay, recovery), the lane's next deferred job coming due (a retry), or the poll
-    delay, which stays the fallback (a lost ring costs at most one poll). With every slot
-    busy it waits for a slot to free. After a full read it reads again at once.
-
-    It starts the jobs of a read with one script call per batch of free slots (`Starter`)
-    where arq spends four round trips per job, and counts its slots itself: arq's semaphore
-    holds one permit more than `max_jobs`, so waiting on it never waits.
-    """
-
-    def __init__(self, *, lane: str, poll_delay: float, **config: Any) -> None:
-        super().__init__(**config, poll_delay=0)  # arq's poll loop no longer sleeps: we wait
-        self.lane = lane
-        self.wait_s = poll_delay
-        self._read = 0
-        self._rings: set[asyncio.Task[None]] = set()
-        self._starter: Starter | None = None
-        self._slot_freed = asyncio.Event()
-        self.ctx["ring_when_due"] = self.ring_when_due
-
-    def ring_when_due(self, delay_s: float) -> None:
-        """Ring the lane's doorbell once a retry deferred by `delay_s` is due (if this
-        process still runs then; else polling finds it)."""
-        task = asyncio.create_task(self._ring_after(delay_s + DUE_MARGIN_S))
-        self._rings.add(task)
-        task.add_done_callback(self._rings.discard)
-
-    async def _ring_after(self, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        await ring(self.pool, [self.lane])
-
-    async def close(self) -> None:
-        for task in list(self._rings):
-            task.cancel()
-        await super().close()
-
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """Start the due jobs among `job_ids` (one read of the queue) in the free slots.
-
-        Replaces arq's `start_jobs`, keeping what it does per started job: count it, run
-        `run_job` in a task kept in `tasks`, free the slot when the task ends.
-        """
-        self._read = len(job_ids)
-        if self._starter is None:
-            self._starter = Starter(self.pool, self.lane, self.in_progress_timeout_s)
-        # arq calls this only while it may pick jobs and has a free slot. One call either
-        # fills every free slot or looks at every id: nothing is left to retry.
-        ids = [job_id.decode() for job_id in job_ids]
-        _, started = await self._starter.start(ids, self.max_jobs - self.job_counter)
-        for job_id, score in started:
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(self._job_ended)
-            self.tasks[job_id] = task
-
-    def _job_ended(self, _: asyncio.Task[None]) -> None:
-        self.job_counter -= 1
-        self._slot_freed.set()
-
-    async def _poll_iteration(self) -> None:
-        started = time.monotonic()
-        self._read = 0
-        await super()._poll_iteration()
-        if self._read < self.queue_read_limit:
-            await self._wait_for_work(self.wait_s - (time.monotonic() - started))
-
-    async def _wait_for_work(self, timeout_s: float) -> None:
-        if timeout_s <= 0:
-            return
-        if self.job_counter < self.max_jobs:
-            await wait_for_work(self.pool, self.lane, timeout_s)
-            return
-        self._slot_freed.clear()  # no await since the check: a job ending now sets it
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._slot_freed.wait()  # a running job ended: a slot is free
-
-
-class LaneSupervisor:
-    """Keeps one lane's arq worker running across Redis faults and unexpected errors.
-
-    When the worker stops on a fault it is logged, the supervisor pauses (see
-    RESTART_PAUSE_S) and builds a new one. Jobs the old worker was running carry on to
-    their recorded outcome and its Redis pool is closed once they end, so right after a
-    fault a lane may briefly run more than `max_jobs` jobs.
-    """
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        lane: str,
-        *,
-        burst: bool,
-        stopping: asyncio.Event,
-        reconnected: asyncio.Event,
-    ) -> None:
-        self.runtime = runtime
-        self.lane = lane
-        self.burst = burst
-        self.stopping = stopping
-        self.reconnected = reconnected
-        self.worker: Worker | None = None
-        self.restarts = 0
-        # True from the moment arq connected until its worker stops (readiness, probes.py).
-        self.polling = False
-        self._retiring: set[asyncio.Task[None]] = set()
-
-    async def run(self) -> None:
-        """Run the lane until it is drained, or (burst) until its queue is empty."""
-        pause = RESTART_PAUSE_S[0]
-        while not self.stopping.is_set():
-            # No await between this check and async_run creating arq's main task, so a
-            # drain signal always finds a worker it can stop.
-            worker = self.worker = self._new_worker()
-            started = time.monotonic()
-            try:
-                await worker.async_run()
-                return  # burst mode: the queue is empty
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # we are being cancelled ourselves
-                return  # arq ended its main loop: a drain finished
-            except Exception as exc:  # noqa: BLE001 - a fault restarts the lane, never the process
-                self.worker = None
-                self.polling = False
-                self.runtime.metrics.lane_restarted(self.lane)
-                self._retire(worker)
-                if self.stopping.is_set():
-                    return
-                if time.monotonic() - started >= HEALTHY_RUN_S:
-                    pause = RESTART_PAUSE_S[0]
-                self._log_fault(exc, pause)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), pause)
-            pause = min(pause * 2, RESTART_PAUSE_S[1])
-            self.restarts += 1
-
-    def drain(self, signum: signal.Signals) -> None:
-        """Stop taking jobs; running ones get the lane's timeout to finish."""
-        self.polling = False  # not ready: send no more work here
-        if self.worker is not None:
-            self.worker.handle_sig_wait_for_completion(signum)
-
-    async def finish(self, grace_s: float) -> None:
-        """Close the current worker, and give the jobs of replaced workers `grace_s`."""
-        if self.worker is not None:
-            await close_worker(self.worker)
-            self.worker = None
-        if self._retiring:
-            _, late = await asyncio.wait(self._retiring, timeout=grace_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-
-    def _new_worker(self) -> Worker:
-        config = worker_settings(self.runtime, self.lane, burst=self.burst)
-        return LaneWorker(**config, lane=self.lane, on_startup=self._connected)
-
-    async def _connected(self, ctx: dict[str, Any]) -> None:
-        # arq's on_startup: Redis answered. After a fault, Redis may have lost jobs (a
-        # restart without persistence): wake recovery now rather than at its next tick.
-        # Setting an event cannot raise, so this hook cannot stop the worker.
-        self.polling = True
-        if self.restarts:
-            log.info("lane_worker_reconnected", lane=self.lane, restarts=self.restarts)
-            self.reconnected.set()
-
-    def _retire(self, worker: Worker) -> None:
-        task = asyncio.create_task(_close_when_idle(worker))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    def _log_fault(self, exc: Exception, pause: float) -> None:
-        if isinstance(exc, RedisError | OSError):
-            log.warning(
-                "lane_worker_lost_redis",
-                lane=self.lane,
-                error=f"{type(exc).__name__}: {describe_redis_error(exc, self.runtime.settings)}",
-                restart_in_s=pause,
-            )
-        else:
-            log.error("lane_worker_failed", lane=self.lane, restart_in_s=pause, exc_info=exc)
-
-
-async def _close_when_idle(worker: Worker) -> None:
-    """Let a replaced worker's running jobs end, then close it."""
-    try:
-        await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
-    finally:
-        await close_worker(worker)
-
-
-async def close_worker(worker: Worker) -> None:
-    """Close an arq worker whose jobs have ended; a dead Redis does not stop it."""
-    try:
-        await worker.close()
-    except Exception as exc:  # noqa: BLE001 - closing must not fail the shutdown
-        log.warning("worker_close_failed", error=f"{type(exc).__name__}: {exc}")
-        pool = getattr(worker, "_pool", None)  # arq keeps it when close() fails midway
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                await pool.aclose()
 
 
 async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = False) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import actions, audit, dlq, job_store, paid_calls
+from .. import actions, audit, dlq, paid_calls, queries
 from ..db import create_engine
 from ..states import PARKED, JobState
 from .app import app
@@ -99,8 +99,8 @@ def dlq_show(job_id: str, as_json: JsonFlag = False) -> None:
 
     async def go(conn: Any) -> tuple[Any, ...]:
         return (
-            await job_store.get_job(conn, job_id),
-            await job_store.job_attempts(conn, job_id),
+            await queries.get_job(conn, job_id),
+            await queries.job_attempts(conn, job_id),
             await paid_calls.calls_of(conn, job_id),
             await audit.entries(conn, target=job_id),
         )

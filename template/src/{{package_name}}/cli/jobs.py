@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import actions, approvals, job_store, paid_calls, steps
+from .. import actions, approvals, job_store, paid_calls, queries, steps
 from ..db import create_engine
 from ..states import PARKED, TERMINAL
 from ..submit import SubmitError, Submitter, due_at, parse_delay, priority_rank
@@ -78,7 +78,7 @@ def submit(
             if not as_json:
                 return job_id
             async with submitter.engine.connect() as conn:
-                job = await job_store.get_job(conn, job_id)
+                job = await queries.get_job(conn, job_id)
             assert job is not None
             return job.as_dict()
         finally:
@@ -125,23 +125,23 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
     settings = load_settings()
 
     async def go() -> tuple[
-        job_store.Job | None,
-        list[job_store.Attempt],
+        queries.Job | None,
+        list[queries.Attempt],
         list[paid_calls.PaidCall],
         list[steps.Step],
         list[approvals.Approval],
-        list[job_store.Job],
+        list[queries.Job],
     ]:
         engine = create_engine(settings)
         try:
             async with engine.connect() as conn:
                 return (
-                    await job_store.get_job(conn, job_id),
-                    await job_store.job_attempts(conn, job_id),
+                    await queries.get_job(conn, job_id),
+                    await queries.job_attempts(conn, job_id),
                     await paid_calls.calls_of(conn, job_id),
                     await steps.steps_of(conn, job_id),
                     await approvals.of_job(conn, job_id),
-                    await job_store.children_of(conn, job_id),
+                    await queries.children_of(conn, job_id),
                 )
         finally:
             await engine.dispose()
@@ -200,7 +200,7 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
 
 
 def _show_durable(
-    done_steps: list[steps.Step], asked: list[approvals.Approval], kids: list[job_store.Job]
+    done_steps: list[steps.Step], asked: list[approvals.Approval], kids: list[queries.Job]
 ) -> None:
     """The steps, approvals and children of `jobs show`."""
     if done_steps:
@@ -243,11 +243,11 @@ def jobs_list(
     wanted = parse_state(state)
     settings = load_settings()
 
-    async def go() -> list[job_store.Job]:
+    async def go() -> list[queries.Job]:
         engine = create_engine(settings)
         try:
             async with engine.connect() as conn:
-                return await job_store.list_jobs(conn, state=wanted, agent=agent, limit=limit)
+                return await queries.list_jobs(conn, state=wanted, agent=agent, limit=limit)
         finally:
             await engine.dispose()
 
@@ -272,7 +272,7 @@ def jobs_list(
     )
 
 
-def _why_waiting(job: job_store.Job, now: datetime) -> str:
+def _why_waiting(job: queries.Job, now: datetime) -> str:
     """What a listed job waits for: its run_after while in the future (a delay, a backoff,
     a deferral: scheduled, not stuck), an approval or children, else its last error."""
     due = job.scheduled_for(now)

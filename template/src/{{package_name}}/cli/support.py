@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
-from .. import job_store, logs, paid_calls
+from .. import logs, paid_calls, queries
 from ..db import create_engine
 from ..queue import QueueUnavailable
 from ..registry import AgentError
@@ -146,5 +146,5 @@ def short_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def attempt_dict(attempt: job_store.Attempt | paid_calls.PaidCall) -> dict[str, Any]:
+def attempt_dict(attempt: queries.Attempt | paid_calls.PaidCall) -> dict[str, Any]:
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in attempt.__dict__.items()}

@@ -3,7 +3,7 @@
 A job whose agent (or whose owner's share of it) is at its `max_concurrent` limit is not
 claimed, so it uses no attempt: the gate asks arq to deliver it again a little later, and
 it starts in whichever worker finds a slot free. arq counts that delivery against its own
-`max_tries` (worker.ARQ_MAX_TRIES, 10,000); the database's attempt count, which is the one
+`max_tries` (lanes.ARQ_MAX_TRIES, 10,000); the database's attempt count, which is the one
 that decides retries and dead letters, is untouched. Should a job wait so long that arq
 gives up on it, its row is still `queued` and recovery pushes it again.
 """
@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .. import job_store
+from .. import queries
 from ..routes import Routes
 from .calls import WaitObserver
 from .limiter import Concurrency, Limiter, Slot, agent_slots, note_waiting
@@ -147,7 +147,7 @@ class Gate:
         who = self._who.get(job_id)
         if who is None:
             async with engine.connect() as conn:
-                job = await job_store.get_job(conn, job_id)
+                job = await queries.get_job(conn, job_id)
             if job is None:
                 return None
             who = self._who[job_id] = (job.agent, job.owner)

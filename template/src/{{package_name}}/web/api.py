@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, approvals, audit, catalog, dlq, job_store, paid_calls, spend, stats
+from .. import actions, approvals, audit, catalog, dlq, paid_calls, queries, spend, stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
 from ..submit import RecordedNotQueued, SubmitError, parse_delay, priority_rank
@@ -108,7 +108,7 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     except RecordedNotQueued as exc:
         job_id, warning = exc.job_id, str(exc)
     async with services.engine.connect() as conn:
-        job = await job_store.get_job(conn, job_id)
+        job = await queries.get_job(conn, job_id)
     assert job is not None
     out: dict[str, Any] = {"id": job.id, "state": job.state.value}
     if warning:
@@ -121,13 +121,11 @@ async def get_job(request: Request, services: Services, principal: Principal) ->
     """One job with its attempts, paid calls and audit entries."""
     job_id = request.path_params["job_id"]
     async with services.engine.connect() as conn:
-        job = await job_store.get_job(conn, job_id)
+        job = await queries.get_job(conn, job_id)
         if job is None:
             raise InputError(404, f"no job with id {job_id}")
         out = job.as_dict()
-        out["attempt_log"] = [
-            _plain(a.__dict__) for a in await job_store.job_attempts(conn, job_id)
-        ]
+        out["attempt_log"] = [_plain(a.__dict__) for a in await queries.job_attempts(conn, job_id)]
         out["paid_calls"] = [_plain(c.__dict__) for c in await paid_calls.calls_of(conn, job_id)]
         out["audit"] = [e.as_dict() for e in await audit.entries(conn, target=job_id)]
     return reply(bodies.JobDetail, out)
@@ -143,7 +141,7 @@ async def list_jobs(request: Request, services: Services, principal: Principal) 
     state = parse_state(query.get("state"))
     limit = parse_limit(query.get("limit"), bodies.MAX_LIST)
     async with services.engine.connect() as conn:
-        found = await job_store.list_jobs(
+        found = await queries.list_jobs(
             conn,
             state=state,
             agent=query.get("agent") or None,
@@ -472,7 +470,7 @@ async def _read_body(request: Request) -> bytes:
 
 async def _conflict_or_missing(services: Services, job_id: str, conflict: str) -> NoReturn:
     async with services.engine.connect() as conn:
-        job = await job_store.get_job(conn, job_id)
+        job = await queries.get_job(conn, job_id)
     if job is None:
         raise InputError(404, f"no job with id {job_id}")
     raise InputError(409, f"job {job_id} {conflict}: it is {job.state.value}")

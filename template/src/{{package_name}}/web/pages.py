@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, catalog, dlq, job_store, paid_calls, spend, stats
+from .. import actions, audit, catalog, dlq, paid_calls, queries, spend, stats
 from ..models import GLOBAL
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, JobState
@@ -200,7 +200,7 @@ async def _overview(services: Services) -> dict[str, Any]:
     now = datetime.now(UTC)
     async with services.engine.connect() as conn:
         found = await stats.read_service_stats(conn, causes=False)
-        buckets = await job_store.finished_per_bucket(
+        buckets = await queries.finished_per_bucket(
             conn, start=now - timedelta(hours=1), width=CHART_BUCKET, buckets=CHART_BUCKETS
         )
     depths: dict[str, int | None] = dict.fromkeys(catalog.LANES)
@@ -265,10 +265,10 @@ async def jobs_page(
             errors.append(
                 f"'since' must be a time like 2026-01-31T09:00 (got {filters['since']!r})"
             )
-    found: list[job_store.Job] = []
+    found: list[queries.Job] = []
     if not errors:
         async with services.engine.connect() as conn:
-            found = await job_store.list_jobs(
+            found = await queries.list_jobs(
                 conn,
                 state=state,
                 agent=filters["agent"] or None,
@@ -302,10 +302,10 @@ async def job_page(
 ) -> Response:
     job_id = request.path_params["job_id"]
     async with services.engine.connect() as conn:
-        job = await job_store.get_job(conn, job_id)
+        job = await queries.get_job(conn, job_id)
         if job is None:
             raise Denied(404, f"no job with id {job_id}")
-        attempts = await job_store.job_attempts(conn, job_id)
+        attempts = await queries.job_attempts(conn, job_id)
         calls = await paid_calls.calls_of(conn, job_id)
         entries = await audit.entries(conn, target=job_id)
     return render(

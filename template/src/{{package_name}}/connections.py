@@ -1,0 +1,138 @@
+"""How the service reaches Redis, and what it says when Redis fails (template-owned:
+copier-agent-worker).
+
+Every connection (the worker's lanes, the CLI, recovery, `submit()`, `doctor`) takes its
+settings from `redis_settings`, so `rediss://` always verifies the server's certificate and
+host name and the TLS mode's rules apply everywhere. Redis' and OpenSSL's errors become one
+line an operator can act on (`describe_redis_error`, `refusal`), naming the certificate or
+memory problem rather than redis-py's generic "Error 1 connecting".
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from arq.connections import RedisSettings
+from redis.exceptions import OutOfMemoryError
+
+from .settings import Settings, SettingsError, check_redis_tls, redact_url
+
+
+def redis_settings(settings: Settings, *, conn_retries: int = 5) -> RedisSettings:
+    """arq connection settings for `REDIS_URL`, refused when they break the TLS mode.
+
+    Built field by field because arq's `from_dsn` takes no CA and leaves host-name checking
+    off: here `rediss://` always verifies the server certificate (against `REDIS_CA_CERT`,
+    else the system's CA store) and that it names the URL's host, and presents
+    `REDIS_CLIENT_CERT` / `REDIS_CLIENT_KEY` when they are set (mtls). The worker, the CLI,
+    recovery and `submit()` all connect through this function.
+    """
+    check_redis_tls(settings)
+    url = urlsplit(settings.redis_url)
+    try:
+        port = url.port or 6379
+        database = int(url.path.strip("/") or 0)
+    except ValueError:
+        raise SettingsError(
+            f"REDIS_URL {redact_url(settings.redis_url)} has a malformed port or database "
+            "number; write e.g. rediss://:PASSWORD@host:6379/0"
+        ) from None
+    tls = url.scheme == "rediss"
+    return RedactedRedisSettings(
+        host=url.hostname or "127.0.0.1",
+        port=port,
+        database=database,
+        username=unquote(url.username) if url.username else None,
+        password=unquote(url.password) if url.password else None,
+        ssl=tls,
+        ssl_cert_reqs="required",
+        ssl_check_hostname=tls,
+        ssl_ca_certs=_tls_file(settings.redis_ca_cert, tls),
+        ssl_certfile=_tls_file(settings.redis_client_cert, tls),
+        ssl_keyfile=_tls_file(settings.redis_client_key, tls),
+        conn_timeout=2,
+        conn_retries=conn_retries,
+        conn_retry_delay=1,
+    )
+
+
+def _tls_file(path: Path | None, tls: bool) -> str | None:
+    return str(path) if tls and path is not None else None
+
+
+class RedactedRedisSettings(RedisSettings):
+    """arq's RedisSettings whose repr masks the password (arq's own repr prints it)."""
+
+    def __repr__(self) -> str:
+        shown = {**self.__dict__, "password": "***" if self.password else None}
+        return "RedisSettings({})".format(", ".join(f"{k}={v!r}" for k, v in shown.items()))
+
+
+def describe_redis_error(exc: BaseException, settings: Settings | None = None) -> str:
+    """One line saying why a Redis connection failed, naming the TLS problem when there is one.
+
+    redis-py wraps TLS failures in a generic "Error 1 connecting to host:port" message;
+    the certificate check's own words ("Hostname mismatch, ...", "unable to get local issuer
+    certificate") are what an operator needs. A server that requires client certificates
+    answers a client without one with an alert or, under TLS 1.3, may just drop the
+    connection after the handshake: such a drop on a `rediss://` connection without a client
+    certificate says so.
+
+    >>> describe_redis_error(ConnectionError("Connection refused\\nmore"))
+    'Connection refused'
+    """
+    cause: BaseException | None = exc
+    dropped = False
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            reason = (cause.verify_message or cause.reason or "").rstrip(".")
+            return f"TLS certificate verify failed: {reason} ({_verify_hint(cause, settings)})"
+        if isinstance(cause, ssl.SSLError):
+            reason = str(cause.reason or cause)
+            if "CERTIFICATE_REQUIRED" in reason:
+                return (
+                    f"TLS handshake failed: {reason} (the server requires a client certificate; "
+                    "set REDIS_CLIENT_CERT and REDIS_CLIENT_KEY)"
+                )
+            return f"TLS handshake failed: {reason}"
+        dropped = dropped or isinstance(cause, ConnectionResetError | BrokenPipeError)
+        cause = cause.__cause__ or cause.__context__
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else type(exc).__name__
+    if (
+        dropped
+        and settings is not None
+        and urlsplit(settings.redis_url).scheme == "rediss"
+        and settings.redis_client_cert is None
+    ):
+        message += (
+            " (the TLS server dropped the connection: it may require a client certificate; "
+            "set REDIS_CLIENT_CERT and REDIS_CLIENT_KEY)"
+        )
+    return message
+
+
+def _verify_hint(error: ssl.SSLCertVerificationError, settings: Settings | None) -> str:
+    if error.verify_code == _HOSTNAME_MISMATCH:
+        return "the server certificate does not name the host in REDIS_URL"
+    if settings is not None and settings.redis_ca_cert is None:
+        return "no CA in the system store signed it; set REDIS_CA_CERT to the CA file"
+    where = f"={settings.redis_ca_cert}" if settings is not None else ""
+    return f"the server certificate is not signed by the CA in REDIS_CA_CERT{where}"
+
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH.
+_HOSTNAME_MISMATCH = 62
+
+
+def refusal(exc: BaseException) -> str:
+    """Why Redis refused a write, in words an operator can act on."""
+    if isinstance(exc, OutOfMemoryError):
+        return (
+            "Redis is out of memory (used memory is over its maxmemory, and with "
+            "maxmemory-policy noeviction it refuses new jobs rather than drop queued ones); "
+            "free memory or raise maxmemory"
+        )
+    return describe_redis_error(exc)
