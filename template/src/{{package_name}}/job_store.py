@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, exists, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -34,12 +34,9 @@ from .queries import CHILDREN, unsettled_children
 from .queries import Attempt as Attempt
 from .queries import Job as Job
 
-# Reads that runner.py, tests/acceptance and bench/ still call through this module: plain
-# names, no warning, until they import `queries`; then these three lines go and the names
-# warn through `_MOVED` like the other reads.
-from .queries import count_by_state as count_by_state
+# A plain name, no warning: the generated agent tests of earlier releases (user-owned, kept
+# by updates) read jobs with `job_store.get_job` under `filterwarnings = error`.
 from .queries import get_job as get_job
-from .queries import job_attempts as job_attempts
 from .states import SETTLED, JobState, sources, target
 
 LEASE_EXPIRED = "the lease expired with no outcome recorded"
@@ -592,7 +589,6 @@ _MOVED = frozenset(
         "count_expired_leases",
         "expired_leases",
         "finished_per_bucket",
-        "get_job",
         "job_attempts",
         "list_jobs",
         "oldest_queued",
@@ -605,12 +601,15 @@ _MOVED = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} moved to {queries.__name__}; import it from there",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(queries, name)
+# Hidden from mypy, which then still refuses a misspelt verb or a moved read used from here.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name not in _MOVED:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{__name__}.{name} moved to {queries.__name__}; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(queries, name)

@@ -22,7 +22,17 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import job_store, paid_calls, provider_errors, recovery, replies, spend, tracing, waiting
+from . import (
+    job_store,
+    paid_calls,
+    provider_errors,
+    queries,
+    recovery,
+    replies,
+    spend,
+    tracing,
+    waiting,
+)
 from .agent import AgentContext, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
@@ -266,7 +276,7 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
     """A delivery we may not run now: log why, and ask arq to deliver it again when a
     retry arrived early or another worker's lease may yet run out."""
     async with runtime.engine.connect() as conn:
-        job = await job_store.get_job(conn, job_id)
+        job = await queries.get_job(conn, job_id)
     if job is None:
         log.warning("job_not_found", job_id=job_id)
         return "missing"
@@ -466,7 +476,7 @@ async def write_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> JobStat
 async def push_parent(runtime: Runtime, parent_id: str, jlog: Any) -> None:
     """Push a parent that this child's settling queued (if Redis refuses, recovery will)."""
     async with runtime.engine.connect() as conn:
-        parent = await job_store.get_job(conn, parent_id)
+        parent = await queries.get_job(conn, parent_id)
     if parent is None or parent.state is not JobState.QUEUED:
         return
     try:
