@@ -13,10 +13,14 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
+    # Only the module's own public names: tools probing for others (pytest looks for
+    # `pytest_plugins` in every module it collects) get the usual AttributeError, no warning.
+    home = importlib.import_module(f"{__package__}.limits.gate")
+    if name.startswith("_") or not hasattr(home, name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    home = f"{__package__}.limits.gate"
     warnings.warn(
-        f"{__name__}.{name} moved to {home}; import it from there", DeprecationWarning, stacklevel=2
+        f"{__name__}.{name} moved to {home.__name__}; import it from there",
+        DeprecationWarning,
+        stacklevel=2,
     )
-    return getattr(importlib.import_module(home), name)
+    return getattr(home, name)
