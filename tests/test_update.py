@@ -1057,7 +1057,6 @@ def test_an_edit_to_a_template_owned_file_changed_since_the_last_landing_becomes
     assert f"UU {path}" in status
 
 
-
 @pytest.mark.parametrize("moved", ["gate", "upstream"])
 def test_an_edit_to_a_moved_template_owned_module_becomes_a_conflict_at_its_old_path(
     versions: Versions, landed_update: LandedUpdate, tmp_path: Path, moved: str
@@ -1082,6 +1081,7 @@ def test_an_edit_to_a_moved_template_owned_module_becomes_a_conflict_at_its_old_
     assert f"limits.{moved}" in text  # the shim's side of the conflict names the new home
     status = versions.shell.git(project, "status", "--porcelain").splitlines()
     assert f"UU {path}" in status
+
 
 # Adopting the template into an existing service (README: "Adopting the template") -----------
 
