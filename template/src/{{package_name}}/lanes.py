@@ -202,7 +202,7 @@ class LaneSupervisor:
         self.reconnected = reconnected
         self.worker: Worker | None = None
         self.restarts = 0
-        # True from the moment arq connected until its worker stops (readiness, probes.py).
+        # True from the moment arq connected until its worker stops (readiness, observe/probes.py).
         self.polling = False
         self._retiring: set[asyncio.Task[None]] = set()
 

@@ -82,7 +82,7 @@ jobs = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("claimed_at", UTCDateTime()),
     Column("finished_at", UTCDateTime()),
-    # W3C trace context of the submit ({"traceparent": ...}) when tracing is on (tracing.py).
+    # W3C trace context of the submit ({"traceparent": ...}) when traced (observe/tracing.py).
     Column("trace_context", JSON),
     # A child job (ctx.spawn): its parent and its key, unique per parent.
     Column("parent_id", String(36)),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +45,8 @@ PAGE = 2000
 LOST_IN_PAID_CALL = "the worker stopped inside a paid call; the provider may have charged"
 
 Progress = Callable[[int], None]
+# Opened with the number of rows to examine; yields the Progress of the pass (the CLI's bar).
+ProgressBar = Callable[[int], AbstractContextManager[Progress]]
 
 
 @dataclass
@@ -108,27 +111,20 @@ async def rows_to_examine(engine: AsyncEngine) -> int:
     return queued + expired
 
 
-async def recover(settings: Settings, *, dry_run: bool, progress_bar: bool) -> ReconcileReport:
-    """One reconcile from the command line, with a progress bar on stderr if asked."""
+async def recover(
+    settings: Settings, *, dry_run: bool, progress_bar: ProgressBar | None = None
+) -> ReconcileReport:
+    """One reconcile from the command line. `progress_bar`, when given, is opened with the
+    number of rows the pass will examine and yields what to call with each page's count."""
     steps = registry.load(settings).reply_steps
     queue = await JobQueue.connect(settings, conn_retries=0)
     engine = create_engine(settings)
     try:
-        if not progress_bar:
+        if progress_bar is None:
             return await reconcile(engine, queue, dry_run=dry_run, reply_steps=steps)
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        total = await rows_to_examine(engine)
-        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True)) as bar:
-            task = bar.add_task("rows", total=total)
+        with progress_bar(await rows_to_examine(engine)) as progress:
             return await reconcile(
-                engine,
-                queue,
-                dry_run=dry_run,
-                progress=lambda n: bar.advance(task, n),
-                reply_steps=steps,
+                engine, queue, dry_run=dry_run, progress=progress, reply_steps=steps
             )
     finally:
         await queue.close()

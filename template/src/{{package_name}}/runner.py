@@ -30,7 +30,6 @@ from . import (
     recovery,
     replies,
     spend,
-    tracing,
     waiting,
 )
 from .agent import AgentContext, bind_logger
@@ -40,7 +39,8 @@ from .durable import Durable
 from .errors import InvalidPayload, RateLimited, RetryLater
 from .limits import CallLimits
 from .limits.gate import NO_LIMIT, Admission, Gate
-from .metrics import Metrics
+from .observe import tracing
+from .observe.metrics import Metrics
 from .paid_calls import PaidCallInDoubt, PaidCalls
 from .queue import JobQueue, Push, QueueUnavailable
 from .registry import Agent, Registry
@@ -245,8 +245,8 @@ async def run_admitted(
         return await not_claimed(runtime, job_id)
     run = Run(job, runtime.agents.get(job.agent), bind_logger(job.id, job.agent, job.attempts))
     run.log.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
-    # Observed: the claim on entry, the recorded state on exit (metrics.py); traced as a
-    # CONSUMER span joined to the submit's trace (tracing.py, when on).
+    # Observed: the claim on entry, the recorded state on exit (observe/metrics.py); traced as a
+    # CONSUMER span joined to the submit's trace (observe/tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, run), run.log)
         outcome = check or await call_agent(runtime, run, admission)

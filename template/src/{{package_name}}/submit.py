@@ -17,8 +17,9 @@ from typing import Any
 
 import structlog
 
-from . import job_store, tracing
+from . import job_store
 from .db import create_engine, transaction
+from .observe import tracing
 from .queries import PRIORITIES
 from .queue import JobQueue, Push, QueueUnavailable
 from .registry import Agent, load_agents

@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -21,7 +21,6 @@ import structlog
 from . import catalog, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
-from .http_server import HttpPortUnavailable, ProbeServer
 from .lanes import RECORD_GRACE_S
 
 # Importable from here as before lanes.py: bench/ builds its arq workers from a lane's
@@ -30,8 +29,9 @@ from .lanes import LaneSupervisor as LaneSupervisor
 from .lanes import worker_settings as worker_settings
 from .limits import CallLimits, Limiter
 from .limits.gate import Gate
-from .metrics import Metrics
-from .probes import Readiness
+from .observe.http_server import HttpPortUnavailable, ProbeServer
+from .observe.metrics import Metrics
+from .observe.probes import Readiness
 from .queue import JobQueue
 from .recovery import reconcile
 from .retry import RetryPolicy
@@ -149,10 +149,27 @@ async def serve_http(
     settings = runtime.settings
     if burst or settings.http_port == 0:
         return None
-    readiness = Readiness(runtime, lambda: {s.lane: s.polling for s in supervisors})
-    server = ProbeServer(runtime, readiness, settings.http_host, settings.http_port)
+    server = probe_server(
+        runtime,
+        lambda: {s.lane: s.polling for s in supervisors},
+        settings.http_host,
+        settings.http_port,
+    )
     await server.start()
     return server
+
+
+def probe_server(
+    runtime: Runtime, lanes_polling: Callable[[], Mapping[str, bool]], host: str, port: int
+) -> ProbeServer:
+    """The HTTP endpoint of one worker process, given the parts of `runtime` it reads."""
+    readiness = Readiness(runtime.settings, runtime.engine, runtime.queue, lanes_polling)
+    return ProbeServer(
+        lambda: runtime.metrics.render(runtime.engine, runtime.queue, runtime.lane_timeouts),
+        readiness,
+        host,
+        port,
+    )
 
 
 def start_scheduler(runtime: Runtime) -> asyncio.Task[None] | None:

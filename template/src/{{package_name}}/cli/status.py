@@ -10,8 +10,8 @@ import typer
 from pydantic import ValidationError
 
 from .. import catalog, limits
-from .. import stats as service
 from ..db import create_engine
+from ..observe import stats as service
 from ..queue import JobQueue
 from ..settings import ENV_PREFIX, Settings, SettingsError, check_database
 from .app import app
@@ -31,7 +31,7 @@ def doctor(
 ) -> None:
     """Check the database, Redis (reachable, no eviction, memory, TLS) and spend caps; exit
     code 1 when any check fails."""
-    from .. import doctor as checks
+    from ..observe import doctor as checks
 
     if probe is not None:
         if probe not in ("live", "ready"):

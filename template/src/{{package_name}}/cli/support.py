@@ -20,8 +20,9 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
-from .. import logs, paid_calls, queries
+from .. import paid_calls, queries
 from ..db import create_engine
+from ..observe import logs
 from ..queue import QueueUnavailable
 from ..registry import AgentError
 from ..settings import (

@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, approvals, audit, catalog, dlq, paid_calls, queries, spend, stats
+from .. import actions, approvals, audit, catalog, dlq, paid_calls, queries, spend
+from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
 from ..submit import RecordedNotQueued, SubmitError, parse_delay, priority_rank

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, catalog, dlq, paid_calls, queries, spend, stats
+from .. import actions, audit, catalog, dlq, paid_calls, queries, spend
 from ..models import GLOBAL
+from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, JobState
 from ..tokens import Principal, Role, authenticate
