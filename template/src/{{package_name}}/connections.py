@@ -10,14 +10,19 @@ memory problem rather than redis-py's generic "Error 1 connecting".
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from arq.connections import RedisSettings
-from redis.exceptions import OutOfMemoryError
+import structlog
+from arq.connections import ArqRedis, RedisSettings
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from .settings import Settings, SettingsError, check_redis_tls, redact_url
+
+log = structlog.get_logger("redis")
 
 
 def redis_settings(settings: Settings, *, conn_retries: int = 5) -> RedisSettings:
@@ -56,6 +61,56 @@ def redis_settings(settings: Settings, *, conn_retries: int = 5) -> RedisSetting
         conn_retries=conn_retries,
         conn_retry_delay=1,
     )
+
+
+async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
+    """arq's `create_pool` for `redis`, except that a pool whose first ping fails or is
+    cancelled is closed here, never left to the garbage collector.
+
+    arq drops such a pool with its connection open: a lane drained, or a check timed out,
+    while its pool was still connecting left a socket to Redis open until a collection
+    found it. `arq_options` are `create_pool`'s (`job_serializer`, `default_queue_name`, ...).
+    A refused or dropped connection is tried again `redis.conn_retries` times, as arq does.
+    """
+    retries_left = redis.conn_retries
+    while True:
+        pool = ArqRedis(
+            host=redis.host,
+            port=redis.port,
+            db=redis.database,
+            username=redis.username,
+            password=redis.password,
+            socket_connect_timeout=redis.conn_timeout,
+            ssl=redis.ssl,
+            ssl_keyfile=redis.ssl_keyfile,
+            ssl_certfile=redis.ssl_certfile,
+            ssl_cert_reqs=redis.ssl_cert_reqs,
+            ssl_ca_certs=redis.ssl_ca_certs,
+            ssl_check_hostname=redis.ssl_check_hostname,
+            retry=redis.retry,
+            retry_on_timeout=redis.retry_on_timeout,
+            retry_on_error=redis.retry_on_error,
+            max_connections=redis.max_connections,
+            encoding="utf8",
+            **arq_options,
+        )
+        try:
+            await pool.ping()
+        except BaseException as exc:
+            await pool.aclose()
+            if retries_left == 0 or not isinstance(exc, RedisError | OSError | TimeoutError):
+                raise
+            log.warning(
+                "redis_connect_failed",
+                host=redis.host,
+                port=redis.port,
+                error=f"{type(exc).__name__}: {describe_redis_error(exc)}",
+                retries_left=retries_left,
+            )
+        else:
+            return pool
+        retries_left -= 1
+        await asyncio.sleep(redis.conn_retry_delay)
 
 
 def _tls_file(path: Path | None, tls: bool) -> str | None:

@@ -20,10 +20,11 @@ import time
 from typing import Any
 
 import structlog
+from arq.connections import RedisSettings
 from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
-from .connections import describe_redis_error, redis_settings
+from .connections import describe_redis_error, open_pool, redis_settings
 from .queue import Starter, deserialize, queue_name, ring, serialize, wait_for_work
 from .runner import Runtime, run_job
 
@@ -129,6 +130,17 @@ class LaneWorker(Worker):
     async def _ring_after(self, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         await ring(self.pool, [self.lane])
+
+    async def main(self) -> None:
+        if self._pool is None:  # arq's own create_pool leaves a cancelled pool open
+            self._pool = await open_pool(
+                self.redis_settings or RedisSettings(),
+                job_serializer=self.job_serializer,
+                job_deserializer=self.job_deserializer,
+                default_queue_name=self.queue_name,
+                expires_extra_ms=self.expires_extra_ms,
+            )
+        await super().main()
 
     async def close(self) -> None:
         for task in list(self._rings):
