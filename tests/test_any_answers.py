@@ -76,6 +76,8 @@ def agent_specs(draw: st.DrawFn, agent_names: list[str]) -> dict[str, dict[str, 
         for key in ("max_attempts", "max_concurrent", "max_concurrent_per_owner"):
             if draw(st.integers(0, 3)) == 0:
                 spec[key] = draw(st.integers(min_value=1, max_value=50))
+        if spec["paid"] and draw(st.integers(0, 3)) == 0:
+            spec["max_paid_calls"] = draw(st.integers(min_value=1, max_value=50))
         others = [other for other in agent_names if other != name]
         if others and draw(st.integers(0, 3)) == 0:
             spec["fans_out_to"] = draw(st.sampled_from(others))

@@ -291,8 +291,8 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     "unknown-agent-key": (
         [_agent(colour="red")],
         "write only the allowed keys for agent summarize (paid, timeout_s, lane, "
-        "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, fans_out_to, "
-        "limit, framework); it has unknown key(s) colour",
+        "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, max_paid_calls, "
+        "fans_out_to, limit, framework); it has unknown key(s) colour",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -312,6 +312,16 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(max_concurrent_per_owner=1.5)],
         "write max_concurrent_per_owner: 1 or another whole number above 0 for agent "
         "summarize, or leave it out for no per-owner limit; its max_concurrent_per_owner is 1.5",
+    ),
+    "zero-agent-max-paid-calls": (
+        [_agent(paid="true", max_paid_calls=0)],
+        "write max_paid_calls: 20 or another whole number above 0 for agent summarize, or "
+        "leave it out for no per-job count; its max_paid_calls is 0",
+    ),
+    "max-paid-calls-on-an-unpaid-agent": (
+        [_agent(max_paid_calls=5)],
+        "write paid: true for agent summarize, or leave max_paid_calls out; it has "
+        "max_paid_calls 5 but makes no paid calls",
     ),
     "limit-without-keys": (
         ["limits={llm: {}}"],

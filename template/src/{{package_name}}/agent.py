@@ -23,6 +23,7 @@ from typing import Any, Literal
 import structlog
 
 from .approvals import Decision
+from .budgets import BudgetRefused, parse_budget
 from .children import ChildOutcome
 from .durable import Durable
 from .errors import GiveUp, InvalidPayload, RateLimited, RetryLater
@@ -59,6 +60,11 @@ class AgentConfig:
     max_concurrent_per_owner: int | None = None
     # The named limit its paid calls wait for unless they name another (the answer `limit`).
     limit: str | None = None
+    # Paid calls one job may make over all its attempts (a runaway guard); None: no count.
+    max_paid_calls: int | None = None
+    # What one job (with the children that draw on it) may spend in all, unless its submit
+    # gives a budget (budgets.py); None: no per-job budget, only the daily caps.
+    job_budget_usd: Decimal | None = None
 
 
 class AgentLimit(Enum):
@@ -102,9 +108,24 @@ class AgentContext:
         """
         return await self._durable().approval(name, summary=summary, timeout_s=timeout_s)
 
-    async def spawn(self, agent: str, payload: dict[str, Any], *, key: str) -> str:
-        """Submit a child job running `agent` at most once per (this job, `key`); its id."""
-        return await self._durable().spawn(agent, payload, key=key)
+    async def spawn(
+        self,
+        agent: str,
+        payload: dict[str, Any],
+        *,
+        key: str,
+        budget_usd: Decimal | str | int | None = None,
+    ) -> str:
+        """Submit a child job running `agent` at most once per (this job, `key`); its id.
+
+        The child's paid calls draw on this job's budget (and its tree's); `budget_usd`
+        also gives it a budget of its own, a limit inside this job's.
+        """
+        try:
+            budget = parse_budget(budget_usd, field="budget_usd of a child")
+        except BudgetRefused as exc:
+            raise InvalidPayload(str(exc)) from None
+        return await self._durable().spawn(agent, payload, key=key, budget_micros=budget)
 
     async def wait_children(self) -> dict[str, ChildOutcome]:
         """Each child's outcome (`.state`, `.result`, `.error`) by key, once every child has

@@ -58,8 +58,13 @@ async def spawn(
     agent: str,
     payload: dict[str, Any],
     key: str,
+    budget_micros: int | None = None,
 ) -> str:
-    """The id of the child of `parent_id` under `key`, created (and queued) the first time."""
+    """The id of the child of `parent_id` under `key`, created (and queued) the first time.
+
+    The child draws on its parent's budget; `budget_micros` (else its agent's
+    `job_budget_usd`) is a budget of its own, carved inside the parent's (budgets.py).
+    """
     check_name(key, "child key")
     route = routes.get(agent)
     if route is None:
@@ -77,6 +82,7 @@ async def spawn(
             payload=payload,
             max_attempts=route.max_attempts,
             now=datetime.now(UTC),
+            budget_micros=route.budget_micros if budget_micros is None else budget_micros,
         )
         state = None if created else (await queries.get_job(conn, child_id))
     # A child recorded by a run that died before pushing it is pushed now (arq refuses a

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import and_, exists, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, job_store, spend
+from . import audit, budgets, job_store, spend
 from .db import transaction
 from .models import attempts, jobs, paid_calls
 from .states import PARKED, JobState
@@ -318,6 +318,7 @@ async def _retry_in_doubt(
     ).all()
     refunded = 0
     for call in gone if refund else ():
+        await budgets.settle(conn, job_id, reserved_micros=0, cost_micros=-(call.cost_micros or 0))
         await spend.refund(conn, agent=call.agent, day=call.day, micros=call.cost_micros or 0)
         refunded += call.cost_micros or 0
     if not await job_store.replay(conn, job_id, budget=budget, now=now):

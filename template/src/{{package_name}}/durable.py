@@ -40,7 +40,9 @@ class Durable:
             self.engine, self.job_id, name, summary=summary, timeout_s=timeout_s
         )
 
-    async def spawn(self, agent: str, payload: dict[str, Any], *, key: str) -> str:
+    async def spawn(
+        self, agent: str, payload: dict[str, Any], *, key: str, budget_micros: int | None = None
+    ) -> str:
         return await children.spawn(
             self.engine,
             self.queue,
@@ -49,6 +51,7 @@ class Durable:
             agent=agent,
             payload=payload,
             key=key,
+            budget_micros=budget_micros,
         )
 
     async def wait_children(self) -> dict[str, ChildOutcome]:

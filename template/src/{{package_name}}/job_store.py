@@ -21,9 +21,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import queries
+from . import budgets, queries
 from .models import approvals as approvals_table
 from .models import attempts, jobs
+from .models import budgets as budgets_table
 from .models import paid_calls as paid_calls_table
 from .models import replies as replies_table
 from .models import steps as steps_table
@@ -69,6 +70,7 @@ async def enqueue(
     idempotency_key: str | None = None,
     run_after: datetime | None = None,
     priority: int = 0,
+    budget_micros: int | None = None,
 ) -> tuple[str, bool]:
     """Insert a `queued` job; return (id, created). A repeated idempotency key returns the
     existing job's id with created=False."""
@@ -81,6 +83,7 @@ async def enqueue(
         idempotency_key,
         run_after=run_after,
         priority=priority,
+        budget_micros=budget_micros,
     )
     ((job_id, created),) = await enqueue_many(conn, [job], now=now)
     return job_id, created
@@ -99,9 +102,10 @@ class NewJob:
     trace_context: dict[str, str] | None = None
     run_after: datetime | None = None  # not before (a delayed job)
     priority: int = 0  # -1 low, 0 normal, 1 high
+    budget_micros: int | None = None  # what the job (and its children) may spend in all
 
 
-# Rows per INSERT: 14 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+# Rows per INSERT: 15 columns each stays under SQLite's and asyncpg's bound-parameter limits.
 ENQUEUE_CHUNK = 1000
 
 
@@ -127,6 +131,7 @@ async def enqueue_many(
             "trace_context": job.trace_context,
             "run_after": job.run_after,
             "priority": job.priority,
+            "budget_id": None if job.budget_micros is None else job_id,
             "created_at": now,
             "updated_at": now,
         }
@@ -138,6 +143,9 @@ async def enqueue_many(
         chunk = rows[start : start + ENQUEUE_CHUNK]
         stmt = dialect_insert(jobs).values(chunk).on_conflict_do_nothing().returning(jobs.c.id)
         created.update(await conn.scalars(stmt))
+    for job_id, job in zip(ids, new_jobs, strict=True):
+        if job_id in created and job.budget_micros is not None:
+            await budgets.open_budget(conn, job_id, job.budget_micros, covering=None, now=now)
     existing: dict[tuple[str, str | None], str] = {}
     for job_id, (owner, key) in zip(ids, keys, strict=True):
         if job_id in created or (owner, key) in existing:
@@ -424,14 +432,18 @@ async def enqueue_child(
     payload: dict[str, Any],
     max_attempts: int,
     now: datetime,
+    budget_micros: int | None = None,
 ) -> tuple[str, bool]:
     """Insert a `queued` child of `parent_id` under `key`, at most once per (parent, key);
-    return (id, created)."""
+    return (id, created). The child draws on its parent's budget, inside `budget_micros`
+    of its own when given (budgets.py)."""
     dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    child_id = new_job_id()
+    above = await budgets.covering(conn, parent_id)
     stmt = (
         dialect_insert(jobs)
         .values(
-            id=new_job_id(),
+            id=child_id,
             agent=agent,
             lane=lane,
             state=JobState.QUEUED.value,
@@ -441,6 +453,7 @@ async def enqueue_child(
             max_attempts=max_attempts,
             parent_id=parent_id,
             child_key=key,
+            budget_id=above if budget_micros is None else child_id,
             created_at=now,
             updated_at=now,
         )
@@ -449,6 +462,7 @@ async def enqueue_child(
     )
     created = await conn.scalar(stmt)
     if created is not None:
+        await budgets.open_budget(conn, child_id, budget_micros, covering=above, now=now)
         return str(created), True
     found = await conn.scalar(
         select(jobs.c.id).where(jobs.c.parent_id == parent_id, jobs.c.child_key == key)
@@ -496,7 +510,14 @@ async def prune(engine: Any, *, finished_before: datetime, states: frozenset[Job
             ).all()
             if not ids:
                 return deleted
-            for table in (paid_calls_table, replies_table, steps_table, approvals_table, attempts):
+            for table in (
+                paid_calls_table,
+                replies_table,
+                steps_table,
+                approvals_table,
+                attempts,
+                budgets_table,
+            ):
                 await conn.execute(table.delete().where(table.c.job_id.in_(ids)))
             deleted += (await conn.execute(jobs.delete().where(jobs.c.id.in_(ids)))).rowcount
 

@@ -92,6 +92,8 @@ jobs = Table(
     # 0005_flow_control: times an upstream rate limit sent it back; -1 low, 0 normal, 1 high.
     Column("deferrals", Integer, nullable=False, server_default="0"),
     Column("priority", SmallInteger, nullable=False, server_default="0"),
+    # 0008_budgets: the job whose budget covers this one (its own, or its parent's).
+    Column("budget_id", String(36)),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),
@@ -155,6 +157,20 @@ paid_calls = Table(
     Column("started_at", UTCDateTime(), nullable=False),
     Column("finished_at", UTCDateTime()),
     UniqueConstraint("job_id", "name"),
+)
+
+# A job's budget (budgets.py): what its tree may spend, inside the budget above it if any.
+budgets = Table(
+    "budgets",
+    metadata,
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    # The budget this one is carved inside (the budget that covered the job's parent).
+    Column("parent_job_id", String(36)),
+    Column("budget_micros", BigInteger, nullable=False),
+    Column("reserved_micros", BigInteger, nullable=False, server_default="0"),
+    Column("spent_micros", BigInteger, nullable=False, server_default="0"),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
 )
 
 audit_log = Table(

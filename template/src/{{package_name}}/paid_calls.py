@@ -38,13 +38,13 @@ from decimal import Decimal
 from typing import Any
 
 import structlog
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import provider_errors, spend, stored
+from . import budgets, provider_errors, spend, stored
 from .db import transaction
 from .errors import RateLimited
-from .models import paid_calls
+from .models import jobs, paid_calls
 
 log = structlog.get_logger("paid_calls")
 
@@ -104,6 +104,8 @@ class PaidCalls:
     decode: Callable[[Any], Any] = stored.from_record
     # Told (agent, outcome) of every call: charged, reused, not_charged, in_doubt (metrics).
     observe: Callable[[str, str], None] = lambda agent, outcome: None
+    # Paid calls the job may make over all its attempts (the agent's `max_paid_calls`).
+    max_paid_calls: int | None = None
 
     async def call(
         self,
@@ -192,8 +194,12 @@ class PaidCalls:
         return state == "closed"
 
     async def _open(self, conn: AsyncConnection, name: str, max_micros: int, day: date) -> None:
-        """Reserve `max_micros` under the caps and record the call as open, in `conn`'s
-        transaction (a refused reservation raises SpendDenied and writes nothing)."""
+        """Reserve `max_micros` under the job's budgets and the caps and record the call as
+        open, in `conn`'s transaction (a refused reservation raises SpendDenied and writes
+        nothing). Budgets before caps, in every transaction: one lock order, no deadlock."""
+        if self.max_paid_calls is not None:
+            await self._check_count(conn, name, self.max_paid_calls)
+        await budgets.reserve(conn, self.job_id, max_micros)
         await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
         await conn.execute(
             insert(paid_calls).values(
@@ -207,6 +213,22 @@ class PaidCalls:
                 started_at=datetime.now(UTC),
             )
         )
+
+    async def _check_count(self, conn: AsyncConnection, name: str, most: int) -> None:
+        """Refuse the call past `most` (the agent's `max_paid_calls`) for this job. Every call
+        that was or may have been charged counts, over all attempts; one refused before it
+        was sent (`NotCharged`) leaves no row and does not."""
+        # A write to the job's row first: two calls of one job opened at once are counted one
+        # after the other (on SQLite it also takes the write lock before any read).
+        await conn.execute(update(jobs).where(jobs.c.id == self.job_id).values(id=jobs.c.id))
+        made = await conn.scalar(
+            select(func.count()).select_from(paid_calls).where(paid_calls.c.job_id == self.job_id)
+        )
+        if int(made or 0) >= most:
+            raise spend.SpendDenied(
+                f"agent {self.agent} allows {most} paid calls per job (max_paid_calls) and "
+                f"this job has made {made}: paid call {name!r} was not sent"
+            )
 
     async def _close(
         self, name: str, max_micros: int, cost_micros: int, day: date, result: Any
@@ -226,6 +248,9 @@ class PaidCalls:
                     finished_at=datetime.now(UTC),
                 )
             )
+            await budgets.settle(
+                conn, self.job_id, reserved_micros=max_micros, cost_micros=cost_micros
+            )
             await spend.settle(
                 conn, agent=self.agent, day=day, reserved_micros=max_micros, cost_micros=cost_micros
             )
@@ -239,6 +264,7 @@ class PaidCalls:
                     paid_calls.c.state == "open",
                 )
             )
+            await budgets.settle(conn, self.job_id, reserved_micros=max_micros, cost_micros=0)
             await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
 
     async def _park(self, name: str, cost_micros: int | None = None) -> None:
@@ -270,6 +296,9 @@ async def park_open_calls(
         stmt = stmt.where(paid_calls.c.name == only)
     rows = (await conn.execute(stmt)).all()
     for row in rows:
+        await budgets.settle(
+            conn, job_id, reserved_micros=row.max_cost_micros, cost_micros=row.cost_micros
+        )
         await spend.settle(
             conn,
             agent=row.agent,

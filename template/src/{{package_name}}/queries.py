@@ -55,6 +55,7 @@ class Job:
     # priority (-1 low, 0 normal, 1 high): both from 0005_flow_control.
     deferrals: int = 0
     priority: int = 0
+    budget_id: str | None = None  # the job whose budget covers this one (budgets.py)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

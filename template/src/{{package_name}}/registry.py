@@ -28,6 +28,7 @@ from .replies import ReplyFn
 from .routes import Route
 from .schedules import Schedule
 from .settings import Settings
+from .spend import to_micros
 
 __all__ = [
     "Agent",
@@ -68,8 +69,11 @@ class Agent:
 
     @property
     def route(self) -> Route:
-        """Where its new jobs go: its lane, with its attempts."""
-        return Route(self.config.lane, self.max_attempts)
+        """Where its new jobs go: its lane, with its attempts and its per-job budget."""
+        budget = self.config.job_budget_usd
+        return Route(
+            self.config.lane, self.max_attempts, None if budget is None else to_micros(budget)
+        )
 
 
 class AgentError(RuntimeError):

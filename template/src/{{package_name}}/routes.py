@@ -13,10 +13,12 @@ from typing import NamedTuple
 
 
 class Route(NamedTuple):
-    """The lane a job of one agent is queued on, and the attempts it may use."""
+    """The lane a job of one agent is queued on, the attempts it may use and its budget."""
 
     lane: str
     max_attempts: int
+    # Micro-dollars a job of it may spend in all (its agent's `job_budget_usd`), or None.
+    budget_micros: int | None = None
 
 
 # Each agent's route, by agent name.

@@ -334,7 +334,12 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
         return decide(runtime.policy, job, error, ())
     paid = PaidCalls(
-        runtime.engine, job.id, job.agent, job.attempts, observe=runtime.metrics.paid_call
+        runtime.engine,
+        job.id,
+        job.agent,
+        job.attempts,
+        observe=runtime.metrics.paid_call,
+        max_paid_calls=agent.config.max_paid_calls,
     )
     durable = Durable(runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue)
     timeout = min(

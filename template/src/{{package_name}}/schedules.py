@@ -141,8 +141,8 @@ async def tick(
 ) -> list[str]:
     """Make the job of each schedule's latest tick unless it exists; returns the jobs made.
 
-    `routes` gives each agent's lane and attempts; a schedule whose agent this worker does
-    not have is left to a worker that has it.
+    `routes` gives each agent's lane, attempts and per-job budget; a schedule whose agent
+    this worker does not have is left to a worker that has it.
     """
     made: list[Push] = []
     async with transaction(engine) as conn:
@@ -156,16 +156,18 @@ async def tick(
                 continue
             if current.last_tick_at >= due:
                 continue
-            lane, max_attempts = routes[schedule.agent]
+            route = routes[schedule.agent]
+            lane = route.lane
             job_id, created = await job_store.enqueue(
                 conn,
                 agent=schedule.agent,
                 lane=lane,
                 payload=dict(schedule.payload),
-                max_attempts=max_attempts,
+                max_attempts=route.max_attempts,
                 owner=schedule.owner or None,
                 idempotency_key=key_of(name, due),
                 now=now,
+                budget_micros=route.budget_micros,
             )
             await conn.execute(
                 update(schedules_table)

@@ -13,11 +13,13 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import structlog
 
 from . import job_store
+from .budgets import BudgetRefused, parse_budget
 from .db import create_engine, transaction
 from .observe import tracing
 from .queries import PRIORITIES
@@ -59,6 +61,7 @@ class Submission:
     payload: dict[str, Any]
     owner: str | None = None
     idempotency_key: str | None = None
+    budget_usd: Decimal | str | None = None  # else the agent's job_budget_usd
 
 
 class Submitter:
@@ -101,9 +104,11 @@ class Submitter:
         delay_s: float | None = None,
         run_at: datetime | None = None,
         priority: str = "normal",
+        budget_usd: Decimal | str | None = None,
     ) -> str:
         """Record the job, then queue it; returns the job id. `delay_s` or `run_at` (aware
-        UTC, in the future) delays it; `priority` is "high", "normal" or "low"."""
+        UTC, in the future) delays it; `priority` is "high", "normal" or "low"; `budget_usd`
+        is what it and its children may spend in all (else the agent's `job_budget_usd`)."""
         job_id, _created = await self.submit_or_get(
             agent,
             payload,
@@ -112,6 +117,7 @@ class Submitter:
             delay_s=delay_s,
             run_at=run_at,
             priority=priority,
+            budget_usd=budget_usd,
         )
         return job_id
 
@@ -125,14 +131,28 @@ class Submitter:
         delay_s: float | None = None,
         run_at: datetime | None = None,
         priority: str = "normal",
+        budget_usd: Decimal | str | None = None,
     ) -> tuple[str, bool]:
         """`submit`, also saying whether the job is new: (job id, created). A repeated
         (owner, idempotency key) gives the existing job with created=False, not queued again."""
         checked = self.check(agent, payload)
         run_after = due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
         rank = priority_rank(priority)
+        budget = self.budget(agent, budget_usd)
         with tracing.submit_span(agent, self.agents[agent].config.lane) as span:
-            return await self._submit(agent, checked, owner, idempotency_key, span, run_after, rank)
+            return await self._submit(
+                agent, checked, owner, idempotency_key, span, run_after, rank, budget
+            )
+
+    def budget(self, agent: str, budget_usd: Decimal | str | None) -> int | None:
+        """The new job's budget in micro-dollars: the one given, else its agent's
+        `job_budget_usd`, else None (SubmitError for one that is not a budget)."""
+        if budget_usd is None:
+            return self.agents[agent].route.budget_micros
+        try:
+            return parse_budget(budget_usd)
+        except BudgetRefused as exc:
+            raise SubmitError(str(exc)) from None
 
     async def _submit(
         self,
@@ -143,6 +163,7 @@ class Submitter:
         span: tracing.Submit,
         run_after: datetime | None,
         rank: int,
+        budget_micros: int | None,
     ) -> tuple[str, bool]:
         config = self.agents[agent].config
         row = job_store.NewJob(
@@ -155,6 +176,7 @@ class Submitter:
             trace_context=span.context,
             run_after=run_after,
             priority=rank,
+            budget_micros=budget_micros,
         )
         async with transaction(self.engine) as conn:
             ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=datetime.now(UTC))
@@ -183,6 +205,7 @@ class Submitter:
         batch = list(submissions)
         for item in batch:
             self.check(item.agent, item.payload)
+        budgets = [self.budget(item.agent, item.budget_usd) for item in batch]
         rows = [
             job_store.NewJob(
                 agent=item.agent,
@@ -191,8 +214,9 @@ class Submitter:
                 max_attempts=self.agents[item.agent].max_attempts,
                 owner=item.owner,
                 idempotency_key=item.idempotency_key,
+                budget_micros=budget,
             )
-            for item in batch
+            for item, budget in zip(batch, budgets, strict=True)
         ]
         async with transaction(self.engine) as conn:
             recorded = await job_store.enqueue_many(conn, rows, now=datetime.now(UTC))

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import actions, approvals, job_store, paid_calls, queries, steps
+from .. import actions, approvals, budgets, job_store, paid_calls, queries, steps
+from ..budgets import BudgetRefused, parse_budget
 from ..db import create_engine
 from ..states import PARKED, TERMINAL
 from ..submit import SubmitError, Submitter, due_at, parse_delay, priority_rank
@@ -50,6 +51,13 @@ def submit(
         str | None, typer.Option("--at", help="Run no sooner than this ISO-8601 UTC time.")
     ] = None,
     priority: Annotated[str, typer.Option("--priority", help="high, normal or low.")] = "normal",
+    budget_usd: Annotated[
+        str | None,
+        typer.Option(
+            "--budget-usd",
+            help="What the job and its children may spend in all (default: the agent's).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Record a job and queue it; prints the job id."""
@@ -59,8 +67,11 @@ def submit(
         delay_s = None if delay is None else parse_delay(delay, field="--delay")
         due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
         priority_rank(priority)
+        parse_budget(budget_usd, field="--budget-usd")
     except SubmitError as exc:
         fail(str(exc).replace("run_at", "--at").replace("a delay", "--delay"))
+    except BudgetRefused as exc:
+        fail(str(exc))
     settings = load_settings()
 
     async def go() -> dict[str, Any] | str:
@@ -74,6 +85,7 @@ def submit(
                 delay_s=delay_s,
                 run_at=run_at,
                 priority=priority,
+                budget_usd=budget_usd,
             )
             if not as_json:
                 return job_id
@@ -131,22 +143,26 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
         list[steps.Step],
         list[approvals.Approval],
         list[queries.Job],
+        dict[str, Any],
     ]:
         engine = create_engine(settings)
         try:
             async with engine.connect() as conn:
+                job = await queries.get_job(conn, job_id)
+                cost = await budgets.cost_of(conn, job_id, None if job is None else job.budget_id)
                 return (
-                    await queries.get_job(conn, job_id),
+                    job,
                     await queries.job_attempts(conn, job_id),
                     await paid_calls.calls_of(conn, job_id),
                     await steps.steps_of(conn, job_id),
                     await approvals.of_job(conn, job_id),
                     await queries.children_of(conn, job_id),
+                    cost,
                 )
         finally:
             await engine.dispose()
 
-    job, attempts, calls, done_steps, asked, kids = run(go(), settings)
+    job, attempts, calls, done_steps, asked, kids, cost = run(go(), settings)
     if job is None:
         fail(f"no job with id {job_id}")
     if as_json:
@@ -161,6 +177,7 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
         out["children"] = [
             {"key": k.child_key, "id": k.id, "agent": k.agent, "state": k.state.value} for k in kids
         ]
+        out["cost"] = cost
         typer.echo(json.dumps(out, indent=2, default=str))
         return
     for key, value in job.as_dict().items():
@@ -168,6 +185,8 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
             typer.echo(f"{key:>17}  {'' if value is None else value}")
     typer.echo(f"{'payload':>17}  {json.dumps(job.payload)}")
     typer.echo(f"{'result':>17}  {json.dumps(job.result) if job.result is not None else ''}")
+    for line in cost_lines(cost):
+        typer.echo(line)
     typer.echo("")
     table(
         ["#", "started", "outcome", "error"],
@@ -197,6 +216,30 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
             ],
         )
     _show_durable(done_steps, asked, kids)
+
+
+def cost_lines(cost: dict[str, Any]) -> list[str]:
+    """`jobs show`'s money: the job's own spend, the budget that covers it, its tree's.
+
+    >>> cost_lines({"spent_usd": "0.1", "reserved_usd": "0", "budget": None, "tree": None})
+    ['             cost  $0.1 spent, $0 reserved']
+    """
+    lines = [f"{'cost':>17}  ${cost['spent_usd']} spent, ${cost['reserved_usd']} reserved"]
+    budget = cost["budget"]
+    if budget is not None:
+        lines.append(
+            f"{'budget':>17}  ${budget['budget_usd']} (job {budget['job_id']}): "
+            f"${budget['spent_usd']} spent, ${budget['reserved_usd']} reserved, "
+            f"${budget['remaining_usd']} left"
+        )
+    tree = cost["tree"]
+    if tree is not None:
+        shares = ", ".join(f"{share['job_id']} ${share['spent_usd']}" for share in tree["jobs"])
+        lines.append(
+            f"{'tree':>17}  ${tree['spent_usd']} spent, ${tree['reserved_usd']} reserved "
+            f"over {len(tree['jobs'])} jobs ({shares})"
+        )
+    return lines
 
 
 def _show_durable(
@@ -243,33 +286,45 @@ def jobs_list(
     wanted = parse_state(state)
     settings = load_settings()
 
-    async def go() -> list[queries.Job]:
+    async def go() -> tuple[list[queries.Job], dict[str, budgets.Cost]]:
         engine = create_engine(settings)
         try:
             async with engine.connect() as conn:
-                return await queries.list_jobs(conn, state=wanted, agent=agent, limit=limit)
+                found = await queries.list_jobs(conn, state=wanted, agent=agent, limit=limit)
+                return found, await budgets.costs(conn, [job.id for job in found])
         finally:
             await engine.dispose()
 
-    jobs = run(go(), settings)
+    jobs, costs = run(go(), settings)
     if as_json:
-        typer.echo(json.dumps([job.as_dict() for job in jobs], indent=2))
+        typer.echo(
+            json.dumps(
+                [{**job.as_dict(), "cost": costs[job.id].as_dict()} for job in jobs], indent=2
+            )
+        )
         return
     now = datetime.now(UTC)
     table(
-        ["id", "agent", "state", "attempts", "created", "last error / waiting for"],
+        ["id", "agent", "state", "attempts", "cost", "created", "last error / waiting for"],
         [
             [
                 j.id,
                 j.agent,
                 j.state.value,
                 f"{j.attempts}/{j.max_attempts}",
+                _cost_cell(costs[j.id]),
                 short_time(j.created_at),
                 _why_waiting(j, now)[:60],
             ]
             for j in jobs
         ],
     )
+
+
+def _cost_cell(cost: budgets.Cost) -> str:
+    """A job's spend for `jobs list`, with what it holds reserved when it holds any."""
+    held = f" (+${cost.reserved_usd} reserved)" if cost.reserved_usd else ""
+    return f"${cost.spent_usd}{held}"
 
 
 def _why_waiting(job: queries.Job, now: datetime) -> str:

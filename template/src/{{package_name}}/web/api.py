@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, approvals, audit, catalog, dlq, paid_calls, queries, spend
+from .. import actions, approvals, audit, budgets, catalog, dlq, paid_calls, queries, spend
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
@@ -43,7 +43,7 @@ from .inputs import (
 from .services import Services
 
 BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
-JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority")
+JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority", "budget_usd")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
 
 
@@ -74,27 +74,18 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     """Record a job and queue it: 201 with its id and state, or 200 with the job an earlier
     request with the same Idempotency-Key (and owner) made."""
     body = await _json_object(request, JOB_FIELDS)
-    agent = body.get("agent")
-    if not isinstance(agent, str):
-        raise InputError(400, 'give "agent", the name of an agent, as a string')
-    if "payload" not in body:
-        raise InputError(400, 'give "payload", a JSON object, e.g. {"text": "hello"}')
-    owner = optional_str(body, "owner", bodies.MAX_OWNER)
+    agent, owner, delay_s, priority, budget_usd = _submission(body)
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 200:
         raise InputError(400, "the Idempotency-Key header must be 1 to 200 characters")
-    delay_s = body.get("delay_s")
-    if delay_s is not None and (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)):
-        raise InputError(400, '"delay_s" must be a number of seconds, e.g. 60')
-    priority = body.get("priority", "normal")
-    if not isinstance(priority, str):
-        raise InputError(400, '"priority" must be "high", "normal" or "low"')
     warning, created = None, True
     try:
         if delay_s is not None:
             delay_s = parse_delay(delay_s, field='"delay_s"')
         services.submitter.check(agent, body["payload"])
         priority_rank(priority)
+        if budget_usd is not None:
+            services.submitter.budget(agent, budget_usd)
         checked(bodies.SubmitJob, body)
         job_id, created = await services.submitter.submit_or_get(
             agent,
@@ -103,6 +94,7 @@ async def submit_job(request: Request, services: Services, principal: Principal)
             idempotency_key=key,
             delay_s=delay_s,
             priority=priority,
+            budget_usd=budget_usd,
         )
     except SubmitError as exc:
         raise InputError(400, str(exc)) from None
@@ -117,6 +109,27 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     return reply(bodies.Submitted, out, 201 if created else 200)
 
 
+def _submission(body: dict[str, Any]) -> tuple[str, str | None, Any, str, str | None]:
+    """A submit body's fields by JSON type: (agent, owner, delay_s, priority, budget_usd);
+    a missing or mistyped one is a 400 that says what to write."""
+    agent = body.get("agent")
+    if not isinstance(agent, str):
+        raise InputError(400, 'give "agent", the name of an agent, as a string')
+    if "payload" not in body:
+        raise InputError(400, 'give "payload", a JSON object, e.g. {"text": "hello"}')
+    owner = optional_str(body, "owner", bodies.MAX_OWNER)
+    delay_s = body.get("delay_s")
+    if delay_s is not None and (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)):
+        raise InputError(400, '"delay_s" must be a number of seconds, e.g. 60')
+    priority = body.get("priority", "normal")
+    if not isinstance(priority, str):
+        raise InputError(400, '"priority" must be "high", "normal" or "low"')
+    budget_usd = body.get("budget_usd")
+    if budget_usd is not None and not isinstance(budget_usd, str):
+        raise InputError(400, '"budget_usd" must be dollars as a string, e.g. "2.00"')
+    return agent, owner, delay_s, priority, budget_usd
+
+
 @endpoint(Role.VIEWER)
 async def get_job(request: Request, services: Services, principal: Principal) -> Response:
     """One job with its attempts, paid calls and audit entries."""
@@ -129,6 +142,7 @@ async def get_job(request: Request, services: Services, principal: Principal) ->
         out["attempt_log"] = [_plain(a.__dict__) for a in await queries.job_attempts(conn, job_id)]
         out["paid_calls"] = [_plain(c.__dict__) for c in await paid_calls.calls_of(conn, job_id)]
         out["audit"] = [e.as_dict() for e in await audit.entries(conn, target=job_id)]
+        out["cost"] = await budgets.cost_of(conn, job_id, job.budget_id)
     return reply(bodies.JobDetail, out)
 
 

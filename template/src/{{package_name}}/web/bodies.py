@@ -36,6 +36,11 @@ Reason = Annotated[str, Field(max_length=MAX_TEXT)]
 # Lax: JSON Schema counts 418.0 as an integer, so the server takes it too (inputs.parse_count
 # has already refused strings and booleans).
 Batch = Annotated[int, Field(ge=1, le=MAX_BATCH, strict=False)]
+# Dollars above 0, at most 1000000, in whole micro-dollars (a string: money is never a float).
+BUDGET_PATTERN = (
+    r"^([1-9]\d{0,5}(\.\d{1,6})?|1000000(\.0{1,6})?"
+    r"|0?\.([1-9]\d{0,5}|0[1-9]\d{0,4}|00[1-9]\d{0,3}|000[1-9]\d{0,2}|0000[1-9]\d?|00000[1-9]))$"
+)
 
 
 class Request(BaseModel):
@@ -59,6 +64,8 @@ class SubmitJob(Request):
     owner: Annotated[str, Field(max_length=MAX_OWNER)] | None = None
     delay_s: Annotated[float, Field(ge=0, le=MAX_DELAY_S)] | None = None
     priority: Literal["high", "normal", "low"] = "normal"
+    # Above 0 to 1000000 dollars in whole micro-dollars: what budgets.parse_budget takes.
+    budget_usd: Annotated[str, Field(pattern=BUDGET_PATTERN)] | None = None
 
 
 class Resolve(Request):
@@ -153,6 +160,7 @@ class Job(Response):
     waiting_for: str | None
     deferrals: int
     priority: Literal["high", "normal", "low"]
+    budget_id: str | None = Field(description="The job whose budget covers this one.")
 
 
 class Attempt(Response):
@@ -184,10 +192,42 @@ class AuditEntry(Response):
     details: dict[str, Any]
 
 
+class Budget(Response):
+    job_id: str
+    parent_job_id: str | None = Field(description="The budget this one is carved inside.")
+    budget_usd: Usd
+    reserved_usd: Usd
+    spent_usd: Usd
+    remaining_usd: Usd
+
+
+class JobCost(Response):
+    job_id: str
+    spent_usd: Usd
+    reserved_usd: Usd
+
+
+class TreeCost(Response):
+    root_id: str
+    spent_usd: Usd
+    reserved_usd: Usd
+    jobs: list[JobCost] = Field(description="Each job's share, the root first.")
+
+
+class Cost(Response):
+    """What a job spent and holds reserved, the budget that covers it and its tree's spend."""
+
+    spent_usd: Usd
+    reserved_usd: Usd
+    budget: Budget | None = Field(description="The budget covering the job, if any.")
+    tree: TreeCost | None = Field(description="The job and its descendants, when it has any.")
+
+
 class JobDetail(Job):
     attempt_log: list[Attempt]
     paid_calls: list[PaidCall]
     audit: list[AuditEntry]
+    cost: Cost
 
 
 class JobsPage(Response):
