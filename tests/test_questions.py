@@ -292,7 +292,7 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(colour="red")],
         "write only the allowed keys for agent summarize (paid, timeout_s, lane, "
         "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, max_paid_calls, "
-        "fans_out_to, limit, framework); it has unknown key(s) colour",
+        "job_budget_usd, fans_out_to, limit, framework); it has unknown key(s) colour",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -322,6 +322,18 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(max_paid_calls=5)],
         "write paid: true for agent summarize, or leave max_paid_calls out; it has "
         "max_paid_calls 5 but makes no paid calls",
+    ),
+    "zero-agent-job-budget": (
+        [_agent(paid="true", daily_cap_usd=5, job_budget_usd=0)],
+        "write job_budget_usd: 2.00 or another amount above 0 and at most 1000000 in whole "
+        "micro-dollars for agent summarize, or leave it out for no per-job budget; its "
+        "job_budget_usd is 0",
+    ),
+    "job-budget-finer-than-a-micro-dollar": (
+        [_agent(paid="true", daily_cap_usd=5, job_budget_usd="0.0000001")],
+        "write job_budget_usd: 2.00 or another amount above 0 and at most 1000000 in whole "
+        "micro-dollars for agent summarize, or leave it out for no per-job budget; its "
+        "job_budget_usd is 1e-07",
     ),
     "limit-without-keys": (
         ["limits={llm: {}}"],
