@@ -74,6 +74,34 @@ ANSWER_SETS: dict[str, dict[str, Any]] = {
     "dashed-name": {"project_name": "My Cool-Service"},
     "one-agent": {"agents": {"only": {"paid": False, "timeout_s": 5, "lane": "x"}}},
     "eight-agents": {"agents": EIGHT_AGENTS, "python_version": "3.12"},
+    # The longest names the validators allow (20 characters), in every generated line that
+    # holds one: a name one character longer than the lines were written for fails ruff.
+    "longest-names": {
+        "project_name": "Abcdefghij Klmnopqrs",
+        "agents": {
+            "pydantic": {
+                "paid": True,
+                "daily_cap_usd": 5,
+                "timeout_s": 60,
+                "lane": "default",
+                "framework": "pydantic-ai",
+            },
+            "agents_sdk": {
+                "paid": True,
+                "daily_cap_usd": 5,
+                "timeout_s": 60,
+                "lane": "default",
+                "framework": "openai-agents",
+            },
+            "plain": {
+                "paid": True,
+                "daily_cap_usd": 5,
+                "timeout_s": 60,
+                "lane": "default",
+                "job_budget_usd": 1,
+            },
+        },
+    },
 }
 WINDOWS_INVALID = re.compile(r'[<>:"|?*\\]|[. ]$|^(con|prn|aux|nul|com\d|lpt\d)(\..*)?$', re.I)
 
