@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import (
+    budgets,
     job_store,
     paid_calls,
     provider_errors,
@@ -46,7 +47,7 @@ from .queue import JobQueue, Push, QueueUnavailable
 from .registry import Agent, Registry
 from .retry import RetryPolicy, is_permanent
 from .settings import Settings
-from .states import PARKED, SETTLED, JobState, target
+from .states import PARKED, SETTLED, TERMINAL, JobState, target
 
 log = structlog.get_logger("runner")
 T = TypeVar("T")
@@ -423,11 +424,25 @@ async def record_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> str:
     if run.job.parent_id is not None and state in SETTLED:
         await push_parent(runtime, run.job.parent_id, run.log)
     log_outcome(run.log, outcome, state)
+    if state in PARKED | TERMINAL and run.agent is not None and run.agent.config.paid:
+        await observe_cost(runtime, run)
     if state is JobState.COMPLETED and run.reply is not None:
         await send_reply(runtime, run.job.id, run.reply, run.log)
     if state is JobState.QUEUED:  # requeued, or parked when what it waits for was there
         raise Retry(defer=timedelta(seconds=outcome.delay_s))
     return state.value
+
+
+async def observe_cost(runtime: Runtime, run: Run) -> None:
+    """A paid agent's finished job: what it spent over all its attempts, for the per-agent
+    cost histogram (one read; jobs of unpaid agents never get here)."""
+    try:
+        async with runtime.engine.connect() as conn:
+            cost = (await budgets.costs(conn, [run.job.id]))[run.job.id]
+    except DBAPIError as exc:  # the outcome is written; only the histogram misses it
+        run.log.warning("job_cost_not_observed", error=type(exc).__name__)
+        return
+    runtime.metrics.job_cost(run.job.agent, cost.spent_usd)
 
 
 def log_outcome(jlog: Any, outcome: Outcome, state: JobState) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 import structlog
@@ -55,6 +56,7 @@ SERVICE_READ_TIMEOUT_S = 3.0
 # Seconds: agent jobs run from well under a second to half an hour.
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+COST_BUCKETS = (0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 100)
 # What a finished run is counted as when the runner ends without a recorded state.
 RETRIED = "retried"
 NOT_RECORDED = "not_recorded"
@@ -101,6 +103,14 @@ class Metrics:
             "Paid calls, by outcome (charged, reused: a stored result returned again, "
             "not_charged, in_doubt)",
             ["agent", "outcome"],
+            registry=registry,
+        )
+        self.job_costs = Histogram(
+            "agent_worker_job_cost_usd",
+            "What a finished job of a paid agent spent over all its attempts (its closed and "
+            "in-doubt paid calls), in dollars",
+            ["agent"],
+            buckets=COST_BUCKETS,
             registry=registry,
         )
         self.recovered = Counter(
@@ -167,6 +177,11 @@ class Metrics:
 
     def paid_call(self, agent: str, outcome: str) -> None:
         self.paid_calls.labels(agent, outcome).inc()
+
+    def job_cost(self, agent: str, usd: Decimal) -> None:
+        """A paid agent's finished job and its spend. The record keeps integer micro-dollars;
+        Prometheus keeps floats, so this is the one place money becomes one."""
+        self.job_costs.labels(agent).observe(float(usd))
 
     def limit_wait(self, limit: str) -> None:
         self.limit_waits.labels(limit).inc()

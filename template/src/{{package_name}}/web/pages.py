@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, catalog, dlq, paid_calls, queries, spend
+from .. import actions, audit, budgets, catalog, dlq, paid_calls, queries, spend
 from ..models import GLOBAL
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
@@ -309,6 +309,7 @@ async def job_page(
         attempts = await queries.job_attempts(conn, job_id)
         calls = await paid_calls.calls_of(conn, job_id)
         entries = await audit.entries(conn, target=job_id)
+        cost = await budgets.cost_of(conn, job_id, job.budget_id)
     return render(
         request,
         "job.html",
@@ -317,6 +318,7 @@ async def job_page(
         job=job,
         attempts=attempts,
         calls=calls,
+        cost=cost,
         entries=entries,
         cancellable=job.state is JobState.QUEUED or job.state in PARKED,
         in_doubt=job.state is JobState.IN_DOUBT,
