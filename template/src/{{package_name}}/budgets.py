@@ -42,9 +42,13 @@ def parse_budget(value: Decimal | str | int | None, *, field: str = "budget_usd"
 
     >>> parse_budget("0.20"), parse_budget(None)
     (200000, None)
-    >>> parse_budget("0")
-    Traceback (most recent call last):
-    budgets.BudgetRefused: budget_usd must be above 0 dollars, like "2.00" (got '0')
+    >>> for text in ("0", "ten"):
+    ...     try:
+    ...         parse_budget(text)
+    ...     except BudgetRefused as exc:
+    ...         print(exc)
+    budget_usd must be above 0 dollars, like "2.00" (got '0')
+    budget_usd must be a number of dollars from 0 to 1000000, like "25.00" (got 'ten')
     """
     if value is None:
         return None
