@@ -80,6 +80,8 @@ def agent_specs(draw: st.DrawFn, agent_names: list[str]) -> dict[str, dict[str, 
             spec["max_paid_calls"] = draw(st.integers(min_value=1, max_value=50))
         if draw(st.integers(0, 3)) == 0:
             spec["job_budget_usd"] = draw(st.sampled_from([0.05, 2, 12.5, 1000000]))
+        if spec["paid"] and draw(st.integers(0, 3)) == 0:
+            spec["on_budget"] = draw(st.sampled_from(["deny", "wait"]))
         others = [other for other in agent_names if other != name]
         if others and draw(st.integers(0, 3)) == 0:
             spec["fans_out_to"] = draw(st.sampled_from(others))

@@ -292,7 +292,7 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(colour="red")],
         "write only the allowed keys for agent summarize (paid, timeout_s, lane, "
         "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, max_paid_calls, "
-        "job_budget_usd, fans_out_to, limit, framework); it has unknown key(s) colour",
+        "job_budget_usd, on_budget, fans_out_to, limit, framework); it has unknown key(s) colour",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -334,6 +334,11 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         "write job_budget_usd: 2.00 or another amount above 0 and at most 1000000 in whole "
         "micro-dollars for agent summarize, or leave it out for no per-job budget; its "
         "job_budget_usd is 1e-07",
+    ),
+    "on-budget-neither-deny-nor-wait": (
+        [_agent(paid="true", daily_cap_usd=5, on_budget="ask")],
+        "write on_budget: deny or on_budget: wait for agent summarize (deny ends a job its "
+        'budget or cap cannot cover; wait asks a person); its on_budget is "ask"',
     ),
     "limit-without-keys": (
         ["limits={llm: {}}"],

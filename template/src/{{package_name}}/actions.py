@@ -72,17 +72,25 @@ async def decide(
     approved: bool,
     by: str,
     reason: str | None,
+    raise_micros: int | None = None,
 ) -> JobState:
     """Approve or reject what a waiting job asked for (approvals.decide, audited), then push
     a resumed job; when Redis does not answer the decision still counts and recovery pushes
-    it. Raises approvals.ApprovalError for a job with nothing to decide (nothing changed)."""
+    it. Raises approvals.ApprovalError for a job with nothing to decide (nothing changed).
+    `raise_micros` adds to the budget or cap a job waiting on its `budget` stopped on."""
     try:
         queue: JobQueue | None = await JobQueue.connect(settings, conn_retries=0)
     except QueueUnavailable:
         queue = None
     try:
         return await approvals.decide(
-            engine, job_id, approved=approved, by=by, reason=reason, queue=queue
+            engine,
+            job_id,
+            approved=approved,
+            by=by,
+            reason=reason,
+            queue=queue,
+            raise_micros=raise_micros,
         )
     finally:
         if queue is not None:

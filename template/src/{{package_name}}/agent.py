@@ -65,6 +65,9 @@ class AgentConfig:
     # What one job (with the children that draw on it) may spend in all, unless its submit
     # gives a budget (budgets.py); None: no per-job budget, only the daily caps.
     job_budget_usd: Decimal | None = None
+    # A paid call that a budget or a daily cap cannot cover: "deny" ends the job `denied`;
+    # "wait" parks it on an approval named `budget` for a person to raise (budget_asks.py).
+    on_budget: Literal["deny", "wait"] = "deny"
 
 
 class AgentLimit(Enum):

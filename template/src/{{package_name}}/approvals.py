@@ -18,14 +18,15 @@ Every decision by a person is written to the audit log.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
 import structlog
 from sqlalchemy import and_, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, job_store
+from . import audit, budgets, job_store, spend
+from .budget_asks import BUDGET
 from .db import transaction
 from .models import approvals, jobs
 from .queue import JobQueue, Push, QueueUnavailable
@@ -120,18 +121,25 @@ async def decide(
     by: str,
     reason: str | None = None,
     queue: JobQueue | None = None,
+    raise_micros: int | None = None,
 ) -> JobState:
     """Approve or reject the approval a `waiting` job waits for; returns the job's new
-    state (`queued`, then pushed to `queue` when given, or `failed`)."""
+    state (`queued`, then pushed to `queue` when given, or `failed`). `raise_micros`, with
+    an approval of a job waiting on its `budget`, adds that much to what stopped it, in the
+    same transaction (budget_asks.py)."""
     if not by or not by.strip():
         raise ApprovalError("a decision needs --approved-by NAME (who decided, for the audit log)")
     if not approved and not (reason and reason.strip()):
         raise ApprovalError("a rejection needs --reason TEXT (the job fails with it)")
+    if raise_micros is not None and not approved:
+        raise ApprovalError("a raise goes with an approval, not a rejection; nothing changed")
     now = datetime.now(UTC)
     async with transaction(engine) as conn:
         push, state = await _decide(
             conn, job_id, "approved" if approved else "rejected", by=by, reason=reason, now=now
         )
+        if raise_micros is not None:
+            await _raise(conn, job_id, raise_micros, by=by, reason=reason, now=now)
     if state is JobState.QUEUED and queue is not None:
         await push_resumed(queue, [push])
     return state
@@ -240,6 +248,40 @@ async def _decide(
         return push, JobState.FAILED
     await job_store.resume(conn, job_id, now=now)
     return push, JobState.QUEUED
+
+
+async def _raise(
+    conn: AsyncConnection, job_id: str, micros: int, *, by: str, reason: str | None, now: datetime
+) -> None:
+    """Add `micros` to what stopped the job's paid call: its budget, its tree's, or that
+    day's cap (the `budget` approval's details); audited."""
+    details = await conn.scalar(
+        select(approvals.c.details).where(
+            approvals.c.job_id == job_id,
+            approvals.c.name == BUDGET,
+            approvals.c.decided_at == now,  # the decision just written, not an older one
+        )
+    )
+    if not details:
+        raise ApprovalError(
+            f"job {job_id} is not waiting on its budget, so there is nothing to raise; "
+            "approve it without --raise-budget-usd"
+        )
+    kind, target = details["kind"], details["target"]
+    if kind in ("job", "tree"):
+        if not await budgets.raise_budget(conn, target, micros):
+            raise ApprovalError(f"the budget of job {target} is gone (pruned); nothing changed")
+    else:
+        day = date.fromisoformat(details["day"])
+        await spend.raise_day(conn, key=target, day=day, micros=micros)
+    await audit.record(
+        conn,
+        actor=by,
+        action="budget_raised",
+        target=job_id,
+        details={**details, "raised_by_usd": str(spend.to_usd(micros)), "reason": reason},
+        now=now,
+    )
 
 
 async def _list(conn: AsyncConnection, where: Any, *, limit: int) -> list[Approval]:

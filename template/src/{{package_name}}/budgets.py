@@ -26,7 +26,7 @@ from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .models import budgets, jobs, paid_calls
-from .spend import CapChangeRefused, SpendDenied, parse_usd, to_micros, to_usd
+from .spend import CapChangeRefused, SpendDenied, Stop, parse_usd, to_micros, to_usd
 
 # A call that was or may have been charged counts as spent; an open one as reserved.
 SPENT_STATES = ("closed", "in_doubt")
@@ -132,10 +132,12 @@ async def reserve(conn: AsyncConnection, job_id: str, max_micros: int) -> None:
         if row is None:  # pruned with its job: nothing left to hold the tree to
             continue
         whose = "this job's budget" if key == job_id else f"the budget of job {key}"
+        used = row.reserved_micros + row.spent_micros
+        stop = Stop("job" if key == job_id else "tree", key, max_micros, row.budget_micros - used)
         raise SpendDenied(
             f"{whose} is reached: ${to_usd(row.budget_micros)} budget, "
-            f"${to_usd(row.reserved_micros + row.spent_micros)} reserved or spent, "
-            f"${to_usd(max_micros)} more asked"
+            f"${to_usd(used)} reserved or spent, ${to_usd(max_micros)} more asked",
+            stop,
         )
 
 
@@ -155,6 +157,17 @@ async def settle(
                 updated_at=now,
             )
         )
+
+
+async def raise_budget(conn: AsyncConnection, job_id: str, micros: int) -> bool:
+    """Add `micros` to the budget of job `job_id` (a person approved more spend); False
+    when the job has no budget (pruned)."""
+    result = await conn.execute(
+        update(budgets)
+        .where(budgets.c.job_id == job_id)
+        .values(budget_micros=budgets.c.budget_micros + micros, updated_at=datetime.now(UTC))
+    )
+    return result.rowcount == 1
 
 
 async def chain(conn: AsyncConnection, job_id: str) -> list[str]:

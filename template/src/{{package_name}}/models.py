@@ -138,6 +138,8 @@ spend_days = Table(
     Column("agent", String(100), primary_key=True),
     Column("reserved_micros", BigInteger, nullable=False, server_default="0"),
     Column("spent_micros", BigInteger, nullable=False, server_default="0"),
+    # 0008_budgets: what approvals added to this day's cap alone (approve --raise-budget-usd).
+    Column("raised_micros", BigInteger, nullable=False, server_default="0"),
 )
 
 paid_calls = Table(
@@ -243,6 +245,9 @@ approvals = Table(
     Column("decided_at", UTCDateTime()),
     Column("decided_by", String(200)),
     Column("reason", Text),
+    # 0008_budgets: what a `budget` approval is about (the budget or cap that stopped the
+    # call, what it asked and what was left): approve --raise-budget-usd reads it.
+    Column("details", JSON),
     UniqueConstraint("job_id", "name"),
     Index(None, "state"),
 )

@@ -41,7 +41,7 @@ import structlog
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import budgets, provider_errors, spend, stored
+from . import budget_asks, budgets, provider_errors, spend, stored
 from .db import transaction
 from .errors import RateLimited
 from .models import jobs, paid_calls
@@ -106,6 +106,9 @@ class PaidCalls:
     observe: Callable[[str, str], None] = lambda agent, outcome: None
     # Paid calls the job may make over all its attempts (the agent's `max_paid_calls`).
     max_paid_calls: int | None = None
+    # What a call no budget or cap can cover does: "deny" the job, or "wait" for a person
+    # on an approval named `budget` (the agent's `on_budget`; budget_asks.py).
+    on_budget: str = "deny"
 
     async def call(
         self,
@@ -118,16 +121,12 @@ class PaidCalls:
         """Run `fn` at most once per job under `name`, within the spend caps."""
         max_micros = spend.to_micros(max_cost_usd)
         day = spend.utc_day(datetime.now(UTC))
-        async with transaction(self.engine) as conn:
-            row = (
-                await conn.execute(
-                    select(paid_calls.c.state, paid_calls.c.result, paid_calls.c.attempt).where(
-                        paid_calls.c.job_id == self.job_id, paid_calls.c.name == name
-                    )
-                )
-            ).first()
-            if row is None:
-                await self._open(conn, name, max_micros, day)
+        try:
+            row = await self._find_or_open(name, max_micros, day)
+        except spend.SpendDenied as denied:
+            if self.on_budget != "wait" or denied.stop is None:
+                raise
+            await budget_asks.ask(self.engine, self.job_id, name, denied)
         if row is not None and row.state == "closed":
             self.observe(self.agent, "reused")
             return self.decode(row.result)
@@ -163,6 +162,21 @@ class PaidCalls:
         await self._close(name, max_micros, cost_micros, day, record)
         self.observe(self.agent, "charged")
         return result
+
+    async def _find_or_open(self, name: str, max_micros: int, day: date) -> Any:
+        """The call's record, or None once it is reserved and recorded open (SpendDenied,
+        with nothing written, when a budget or cap cannot cover it)."""
+        async with transaction(self.engine) as conn:
+            row = (
+                await conn.execute(
+                    select(paid_calls.c.state, paid_calls.c.result, paid_calls.c.attempt).where(
+                        paid_calls.c.job_id == self.job_id, paid_calls.c.name == name
+                    )
+                )
+            ).first()
+            if row is None:
+                await self._open(conn, name, max_micros, day)
+        return row
 
     def _cost_micros(self, name: str, result: Any, cost_usd: Cost, max_micros: int) -> int:
         """The call's cost: given, or priced from the result; an unpriced result counts the

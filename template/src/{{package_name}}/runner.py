@@ -341,6 +341,7 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         job.attempts,
         observe=runtime.metrics.paid_call,
         max_paid_calls=agent.config.max_paid_calls,
+        on_budget=agent.config.on_budget,
     )
     durable = Durable(runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue)
     timeout = min(

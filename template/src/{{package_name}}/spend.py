@@ -29,11 +29,37 @@ MICRO_USD = Decimal("0.000001")
 MAX_CAP_USD = Decimal(1_000_000)
 
 
+@dataclass(frozen=True)
+class Stop:
+    """What refused a reservation, for an agent that waits for a person (`on_budget:
+    wait`): a job's budget, its tree's, an agent's daily cap or the global one."""
+
+    kind: str  # "job", "tree", "agent" or "global"
+    target: str  # the job whose budget it is, or the agent (GLOBAL for the global cap)
+    asked_micros: int
+    left_micros: int
+    day: date | None = None  # the UTC day of a daily cap
+
+    def as_dict(self) -> dict[str, str | int | None]:
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "asked_usd": str(to_usd(self.asked_micros)),
+            "left_usd": str(to_usd(max(self.left_micros, 0))),
+            "day": None if self.day is None else self.day.isoformat(),
+        }
+
+
 class SpendDenied(BaseException):
     """The spend policy refused a paid call; the message is the reason stored on the job.
 
-    A BaseException, so an agent's `except Exception` cannot swallow it by accident.
+    `stop` says which budget or cap refused it, when one did (not for a missing cap or the
+    runaway guard). A BaseException, so an agent's `except Exception` cannot swallow it.
     """
+
+    def __init__(self, message: str, stop: Stop | None = None) -> None:
+        super().__init__(message)
+        self.stop = stop
 
 
 class CapChangeRefused(ValueError):
@@ -165,11 +191,14 @@ async def reserve(conn: AsyncConnection, *, agent: str, max_micros: int, day: da
         if key not in caps:
             continue
         if not await _reserve_row(conn, day, key, max_micros, caps[key]):
-            used = await _used(conn, day, key)
+            used, raised = await _used(conn, day, key), await _raised(conn, day, key)
             who = f"agent {agent}" if key == agent else "the global cap"
+            cap = caps[key] + raised
+            stop = Stop("agent" if key == agent else "global", key, max_micros, cap - used, day)
             raise SpendDenied(
-                f"daily cap reached for {who}: ${to_usd(caps[key])} cap, ${to_usd(used)} "
-                f"reserved or spent on {day.isoformat()}, ${to_usd(max_micros)} more asked"
+                f"daily cap reached for {who}: ${to_usd(cap)} cap, ${to_usd(used)} "
+                f"reserved or spent on {day.isoformat()}, ${to_usd(max_micros)} more asked",
+                stop,
             )
 
 
@@ -209,6 +238,7 @@ async def exhausted(conn: AsyncConnection, agent: str, day: date) -> str | None:
         return f"no spend cap set for agent {agent}: set one with `caps set`"
     for key, cap in caps.items():
         used = await _used(conn, day, key)
+        cap += await _raised(conn, day, key)
         if used >= cap:
             who = f"agent {agent}" if key == agent else "the global cap"
             return f"daily cap reached for {who}: ${to_usd(cap)} cap, ${to_usd(used)} used"
@@ -300,6 +330,7 @@ async def caps_for_day(conn: AsyncConnection, day: date) -> list[Cap]:
             spend_caps.c.cap_micros,
             spend_days.c.reserved_micros,
             spend_days.c.spent_micros,
+            spend_days.c.raised_micros,
         ).select_from(
             spend_caps.outerjoin(
                 spend_days,
@@ -310,7 +341,7 @@ async def caps_for_day(conn: AsyncConnection, day: date) -> list[Cap]:
     caps = [
         Cap(
             row.agent,
-            to_usd(row.cap_micros),
+            to_usd(row.cap_micros + (row.raised_micros or 0)),
             to_usd(row.reserved_micros or 0),
             to_usd(row.spent_micros or 0),
         )
@@ -352,11 +383,29 @@ async def _reserve_row(
         .where(
             c.day == day,
             c.agent == key,
-            c.spent_micros + c.reserved_micros + max_micros <= cap_micros,
+            c.spent_micros + c.reserved_micros + max_micros <= cap_micros + c.raised_micros,
         )
         .values(reserved_micros=c.reserved_micros + max_micros)
     )
     return result.rowcount == 1
+
+
+async def raise_day(conn: AsyncConnection, *, key: str, day: date, micros: int) -> None:
+    """Add `micros` to the daily cap of `key` (an agent or GLOBAL) for `day` alone: what
+    approving a job that waits on that day's cap with a raise does (audited by the caller)."""
+    await _ensure_day_row(conn, day, key)
+    await conn.execute(
+        update(spend_days)
+        .where(spend_days.c.day == day, spend_days.c.agent == key)
+        .values(raised_micros=spend_days.c.raised_micros + micros)
+    )
+
+
+async def _raised(conn: AsyncConnection, day: date, key: str) -> int:
+    value = await conn.scalar(
+        select(spend_days.c.raised_micros).where(spend_days.c.day == day, spend_days.c.agent == key)
+    )
+    return int(value or 0)
 
 
 async def _used(conn: AsyncConnection, day: date, key: str) -> int:

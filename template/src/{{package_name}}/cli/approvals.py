@@ -13,6 +13,7 @@ import typer
 
 from .. import actions, approvals
 from ..approvals import ApprovalError
+from ..budgets import BudgetRefused, parse_budget
 from ..db import create_engine
 from ..states import JobState
 from .app import app
@@ -54,12 +55,24 @@ def approvals_approve(
     job_id: str,
     approved_by: ApprovedBy = None,
     reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
+    raise_budget_usd: Annotated[
+        str | None,
+        typer.Option(
+            "--raise-budget-usd",
+            help="For a job waiting on its budget: add this much to what stopped it.",
+        ),
+    ] = None,
 ) -> None:
     """Approve what a waiting job asked for: it is queued again and goes on."""
     if not approved_by:
         fail("approving needs --approved-by NAME (who decided, for the audit log)")
-    state = _decide(job_id, approved=True, by=approved_by, reason=reason)
-    typer.echo(f"job {job_id} approved by {approved_by}; it is now {state.value}")
+    try:
+        raise_micros = parse_budget(raise_budget_usd, field="--raise-budget-usd")
+    except BudgetRefused as exc:
+        fail(str(exc))
+    state = _decide(job_id, approved=True, by=approved_by, reason=reason, raise_micros=raise_micros)
+    raised = f", ${raise_budget_usd} more to spend" if raise_budget_usd else ""
+    typer.echo(f"job {job_id} approved by {approved_by}{raised}; it is now {state.value}")
 
 
 @approvals_app.command("reject")
@@ -79,14 +92,22 @@ def approvals_reject(
     typer.echo(f"job {job_id} rejected by {approved_by}; it is now {state.value}")
 
 
-def _decide(job_id: str, *, approved: bool, by: str, reason: str | None) -> JobState:
+def _decide(
+    job_id: str, *, approved: bool, by: str, reason: str | None, raise_micros: int | None = None
+) -> JobState:
     settings = load_settings()
 
     async def go() -> tuple[JobState | None, str]:
         engine = create_engine(settings)
         try:
             state = await actions.decide(
-                settings, engine, job_id, approved=approved, by=by, reason=reason
+                settings,
+                engine,
+                job_id,
+                approved=approved,
+                by=by,
+                reason=reason,
+                raise_micros=raise_micros,
             )
             return state, ""
         except ApprovalError as exc:

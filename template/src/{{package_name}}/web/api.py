@@ -322,13 +322,14 @@ async def list_approvals(request: Request, services: Services, principal: Princi
 async def decide_approval(request: Request, services: Services, principal: Principal) -> Response:
     """Approve or reject what a waiting job asked for; the decider is the token's name."""
     job_id = request.path_params["job_id"]
-    body = await _json_object(request, ("approved", "reason"))
+    body = await _json_object(request, ("approved", "reason", "raise_budget_usd"))
     approved = body.get("approved")
     if not isinstance(approved, bool):
         raise InputError(400, '"approved" must be true (approve) or false (reject)')
     reason = optional_str(body, "reason", bodies.MAX_TEXT)
     if not approved and blank(reason):
         raise InputError(400, 'a rejection needs "reason": the job fails with it')
+    raise_micros = _raise_of(body, approved)
     checked(bodies.Decide, body)
     try:
         state = await actions.decide(
@@ -338,10 +339,27 @@ async def decide_approval(request: Request, services: Services, principal: Princ
             approved=approved,
             by=principal.name,
             reason=reason,
+            raise_micros=raise_micros,
         )
     except approvals.ApprovalError as exc:
         await _conflict_or_missing(services, job_id, f"has no pending approval ({exc})")
     return reply(bodies.Moved, {"id": job_id, "state": state.value})
+
+
+def _raise_of(body: dict[str, Any], approved: bool) -> int | None:
+    """An approval's `"raise_budget_usd"` in micro-dollars (a 400 for one that is not a
+    raise, or one given with a rejection)."""
+    amount = body.get("raise_budget_usd")
+    if amount is None:
+        return None
+    if not approved:
+        raise InputError(400, '"raise_budget_usd" goes with an approval, not a rejection')
+    if not isinstance(amount, str):
+        raise InputError(400, '"raise_budget_usd" must be dollars as a string, e.g. "2.00"')
+    try:
+        return budgets.parse_budget(amount, field='"raise_budget_usd"')
+    except budgets.BudgetRefused as exc:
+        raise InputError(400, str(exc)) from None
 
 
 # Service -----------------------------------------------------------------------------------

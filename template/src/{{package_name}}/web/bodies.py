@@ -103,6 +103,8 @@ class Replay(RootModel[ReplayByCause | ReplayByIds]):
 class Approve(Request):
     approved: Literal[True]
     reason: Reason | None = None
+    # For a job waiting on its budget: added to the budget or the day's cap that stopped it.
+    raise_budget_usd: Annotated[str, Field(pattern=BUDGET_PATTERN)] | None = None
 
 
 class Reject(Request):
