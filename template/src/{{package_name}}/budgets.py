@@ -113,12 +113,15 @@ async def open_budget(
     return job_id
 
 
-async def reserve(conn: AsyncConnection, job_id: str, max_micros: int) -> None:
-    """Reserve `max_micros` under every budget that covers `job_id`, or raise SpendDenied
-    (call inside the paid call's transaction, so a refusal rolls back the budgets below)."""
+async def reserve(
+    conn: AsyncConnection, job_id: str, budget_id: str | None, max_micros: int
+) -> None:
+    """Reserve `max_micros` under `budget_id` (the job's `jobs.budget_id`) and every budget
+    above it, or raise SpendDenied (call inside the paid call's transaction, so a refusal
+    rolls back the budgets below). A job no budget covers costs no read at all."""
     now = datetime.now(UTC)
     c = budgets.c
-    for key in await chain(conn, job_id):
+    for key in await chain_from(conn, budget_id):
         result = await conn.execute(
             update(budgets)
             .where(
@@ -142,12 +145,13 @@ async def reserve(conn: AsyncConnection, job_id: str, max_micros: int) -> None:
 
 
 async def settle(
-    conn: AsyncConnection, job_id: str, *, reserved_micros: int, cost_micros: int
+    conn: AsyncConnection, budget_id: str | None, *, reserved_micros: int, cost_micros: int
 ) -> None:
-    """Turn a reservation into spend under every budget that covers `job_id`."""
+    """Turn a reservation into spend under `budget_id` (a job's `jobs.budget_id`, see
+    `covering`) and every budget above it; nothing for None."""
     now = datetime.now(UTC)
     c = budgets.c
-    for key in await chain(conn, job_id):
+    for key in await chain_from(conn, budget_id):
         await conn.execute(
             update(budgets)
             .where(c.job_id == key)
@@ -170,11 +174,10 @@ async def raise_budget(conn: AsyncConnection, job_id: str, micros: int) -> bool:
     return result.rowcount == 1
 
 
-async def chain(conn: AsyncConnection, job_id: str) -> list[str]:
-    """The budgets that cover `job_id`, its own (or nearest) first, the root's last; [] for
-    a job that no budget covers (the usual case: one indexed read)."""
-    key = await conn.scalar(select(jobs.c.budget_id).where(jobs.c.id == job_id))
+async def chain_from(conn: AsyncConnection, budget_id: str | None) -> list[str]:
+    """`budget_id` and the budgets it is carved inside, up to the root's; [] for None."""
     found: list[str] = []
+    key = budget_id
     while key is not None and key not in found:
         found.append(str(key))
         key = await conn.scalar(select(budgets.c.parent_job_id).where(budgets.c.job_id == key))

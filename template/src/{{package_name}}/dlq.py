@@ -317,8 +317,11 @@ async def _retry_in_doubt(
         )
     ).all()
     refunded = 0
+    budget_id = await budgets.covering(conn, job_id) if refund and gone else None
     for call in gone if refund else ():
-        await budgets.settle(conn, job_id, reserved_micros=0, cost_micros=-(call.cost_micros or 0))
+        await budgets.settle(
+            conn, budget_id, reserved_micros=0, cost_micros=-(call.cost_micros or 0)
+        )
         await spend.refund(conn, agent=call.agent, day=call.day, micros=call.cost_micros or 0)
         refunded += call.cost_micros or 0
     if not await job_store.replay(conn, job_id, budget=budget, now=now):

@@ -106,6 +106,8 @@ class PaidCalls:
     observe: Callable[[str, str], None] = lambda agent, outcome: None
     # Paid calls the job may make over all its attempts (the agent's `max_paid_calls`).
     max_paid_calls: int | None = None
+    # The job's `jobs.budget_id`: the budget its calls reserve under (budgets.py), if any.
+    budget_id: str | None = None
     # What a call no budget or cap can cover does: "deny" the job, or "wait" for a person
     # on an approval named `budget` (the agent's `on_budget`; budget_asks.py).
     on_budget: str = "deny"
@@ -213,7 +215,7 @@ class PaidCalls:
         nothing). Budgets before caps, in every transaction: one lock order, no deadlock."""
         if self.max_paid_calls is not None:
             await self._check_count(conn, name, self.max_paid_calls)
-        await budgets.reserve(conn, self.job_id, max_micros)
+        await budgets.reserve(conn, self.job_id, self.budget_id, max_micros)
         await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
         await conn.execute(
             insert(paid_calls).values(
@@ -263,7 +265,7 @@ class PaidCalls:
                 )
             )
             await budgets.settle(
-                conn, self.job_id, reserved_micros=max_micros, cost_micros=cost_micros
+                conn, self.budget_id, reserved_micros=max_micros, cost_micros=cost_micros
             )
             await spend.settle(
                 conn, agent=self.agent, day=day, reserved_micros=max_micros, cost_micros=cost_micros
@@ -278,7 +280,7 @@ class PaidCalls:
                     paid_calls.c.state == "open",
                 )
             )
-            await budgets.settle(conn, self.job_id, reserved_micros=max_micros, cost_micros=0)
+            await budgets.settle(conn, self.budget_id, reserved_micros=max_micros, cost_micros=0)
             await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
 
     async def _park(self, name: str, cost_micros: int | None = None) -> None:
@@ -309,9 +311,10 @@ async def park_open_calls(
     if only is not None:
         stmt = stmt.where(paid_calls.c.name == only)
     rows = (await conn.execute(stmt)).all()
+    budget_id = await budgets.covering(conn, job_id) if rows else None
     for row in rows:
         await budgets.settle(
-            conn, job_id, reserved_micros=row.max_cost_micros, cost_micros=row.cost_micros
+            conn, budget_id, reserved_micros=row.max_cost_micros, cost_micros=row.cost_micros
         )
         await spend.settle(
             conn,

@@ -342,6 +342,7 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         observe=runtime.metrics.paid_call,
         max_paid_calls=agent.config.max_paid_calls,
         on_budget=agent.config.on_budget,
+        budget_id=job.budget_id,
     )
     durable = Durable(runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue)
     timeout = min(
