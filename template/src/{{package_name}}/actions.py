@@ -143,7 +143,8 @@ async def resolve(
     approved_by: str,
     note: str,
 ) -> JobState:
-    """Settle an `in_doubt` job as completed, failed or retry (audited); a retry is pushed."""
+    """Settle an `in_doubt` job as completed, failed or retry (audited); a retry is pushed,
+    and so is the parent that a settled child's resolution queued."""
     async with engine.connect() as conn:
         job = await queries.get_job(conn, job_id)
     state = await dlq.resolve(
@@ -154,8 +155,8 @@ async def resolve(
         note=note,
         budget=budget(job.agent) if job is not None else 1,
     )
-    if state is JobState.QUEUED:
-        await push(settings, engine, [job_id])
+    await push(settings, engine, [job_id] if state is JobState.QUEUED else [])
+    await push(settings, engine, await queued_parents(engine, [job_id]))
     return state
 
 
@@ -192,12 +193,26 @@ async def resolve_cause(
             continue  # settled by someone else since it was listed
         resolved.append((job.id, state))
     await push(settings, engine, [job_id for job_id, s in resolved if s is JobState.QUEUED])
+    await push(settings, engine, await queued_parents(engine, [job_id for job_id, _ in resolved]))
     return resolved
 
 
 def budget(agent: str) -> int:
     """A replay's fresh attempts: the agent's own limit, else the answered default."""
     return registry.attempts_of(catalog.AGENTS.get(agent))
+
+
+async def queued_parents(engine: AsyncEngine, job_ids: Sequence[str]) -> list[str]:
+    """The parents of `job_ids` that are `queued`: settling their last child queued them in
+    its transaction (job_store), and arq does not know yet."""
+    async with engine.connect() as conn:
+        found = [await queries.get_job(conn, job_id) for job_id in job_ids]
+        parents = {job.parent_id for job in found if job is not None and job.parent_id}
+        return [
+            parent.id
+            for parent in [await queries.get_job(conn, p) for p in sorted(parents)]
+            if parent is not None and parent.state is JobState.QUEUED
+        ]
 
 
 async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) -> str | None:
