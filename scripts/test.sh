@@ -8,8 +8,9 @@
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
 # 4. runs the suite from the repo root: with arguments, `pytest tests --durations=25 "$@"`;
 #    without, the quick tests in two processes (`-m "not slow" -n 2`) and then the slow ones
-#    (`-m slow`), printing each pass's time (the 25 slowest tests of each are listed, to keep
-#    CI inside its time); exits non-zero when either pass failed.
+#    two at a time (`-m slow -n 2 --dist loadgroup`), printing each pass's time (the 25
+#    slowest tests of each are listed, to keep CI inside its time); exits non-zero when
+#    either pass failed.
 #
 # Exported for the tests: TEST_DATABASE_URL (superuser URL that can CREATE DATABASE),
 # TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_TMUX, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
@@ -44,15 +45,14 @@ if [ "$#" -gt 0 ]; then
   exit "$rc"
 fi
 # With no arguments, two passes: the quick tests (renders, lint, type checks, questions,
-# updates), which compute more than they wait, in two processes; then the slow ones one at a
-# time (each runs a generated suite in its own three processes). Two at a time
-# (`-n 2 --dist loadgroup`, with the `installs` groups of tests/test_render.py) took the whole
-# run to 34 min 46 s green once (2026-12-04), but the next run had one slow test red that
-# passed alone afterwards, cause not yet read: it stays off until a few runs in a row are
-# green. Both passes always run.
+# updates), which compute more than they wait, in two processes; then the slow ones two at a
+# time (`-n 2 --dist loadgroup`: each runs a generated suite in its own three processes, and
+# the renders of one answer set are one xdist group, so two installs of one package never
+# race). Two at a time was held back by one leaked Redis connection (a ResourceWarning under
+# load); `connections.open_pool` closes it. Both passes always run.
 started=$SECONDS
 "$VENV/bin/python" -m pytest tests -m "not slow" -n 2 --durations=25 || rc=$?
 quick=$((SECONDS - started))
-"$VENV/bin/python" -m pytest tests -m slow --durations=25 || rc=$?
+"$VENV/bin/python" -m pytest tests -m slow -n 2 --dist loadgroup --durations=25 || rc=$?
 echo "[test] quick tests ${quick}s, slow tests $((SECONDS - started - quick))s, in all $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s" >&2
 exit "$rc"
