@@ -27,6 +27,7 @@ from .budgets import BudgetRefused, parse_budget
 from .children import ChildOutcome
 from .durable import Durable
 from .errors import GiveUp, InvalidPayload, RateLimited, RetryLater
+from .events import Emitter, EventRefused
 from .limits import CallLimits, Grant
 from .limits.upstream import retry_after_s
 from .paid_calls import Cost, PaidCalls
@@ -92,6 +93,20 @@ class AgentContext:
     limits: CallLimits | None = None
     deadline: float | None = None  # the event loop's time when the job's timeout ends
     default_limit: str | None = None  # the agent's `limit`: what paid calls wait for
+    events: Emitter | None = None  # where ctx.emit goes (events.py)
+
+    async def emit(self, kind: str, data: dict[str, Any] | None = None) -> None:
+        """Record an event of this job (`kind`, a JSON dict of at most 16 KiB) for whoever
+        watches it (`jobs watch`, the API's event stream, the console's timeline). Returns at
+        once; the worker writes emitted events within a fraction of a second, and before the
+        attempt's outcome. A service kind (`step`, `attempt_started`, ...) or bad data raises
+        InvalidPayload. Outside a worker (no runner context) it does nothing."""
+        if self.events is None:
+            return
+        try:
+            self.events.emit(kind, data)
+        except EventRefused as exc:
+            raise InvalidPayload(str(exc)) from None
 
     async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Run `fn()` once per job under `name` and return its JSON result; every later run

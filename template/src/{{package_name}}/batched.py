@@ -52,11 +52,11 @@ COMPLETE_MOVE = ({JobState.ACTIVE}, JobState.COMPLETED)
 
 # The claim of `job_store.claim` for many jobs: count the attempt, open its row, close any
 # attempt row a vanished worker left open (the CTEs share one snapshot, so `lost` never sees
-# the row `opened` inserts).
+# the row `opened` inserts), and record its `attempt_started` event (events.py).
 CLAIM_SQL = """
 WITH claimed AS (
     UPDATE jobs
-    SET state = 'active', attempts = attempts + 1, worker = $2,
+    SET state = 'active', attempts = attempts + 1, worker = $2, event_seq = event_seq + 1,
         claimed_at = $3, updated_at = $3, lease_expires_at = $4, run_after = NULL
     WHERE id = ANY($1::text[])
       AND ((state = 'queued' AND (run_after IS NULL OR run_after <= $3))
@@ -72,6 +72,10 @@ WITH claimed AS (
 ), opened AS (
     INSERT INTO attempts (job_id, number, worker, started_at)
     SELECT id, attempts, $2, $3 FROM claimed
+), started AS (
+    INSERT INTO job_events (job_id, seq, at, kind, attempt, data)
+    SELECT id, event_seq, $3, 'attempt_started', attempts, json_build_object('worker', $2::text)
+    FROM claimed
 )
 SELECT * FROM claimed
 """
@@ -83,16 +87,19 @@ WITH outcome AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::text[]) AS o(id, attempt, result)
 ), done AS (
     UPDATE jobs
-    SET state = 'completed', result = outcome.result::json,
+    SET state = 'completed', result = outcome.result::json, event_seq = event_seq + 1,
         finished_at = $4, updated_at = $4, lease_expires_at = NULL
     FROM outcome
     WHERE jobs.id = outcome.id AND jobs.attempts = outcome.attempt AND jobs.state = 'active'
       AND jobs.parent_id IS NULL
-    RETURNING jobs.id, jobs.attempts
+    RETURNING jobs.id, jobs.attempts, jobs.event_seq
 ), closed AS (
     UPDATE attempts SET finished_at = $4, outcome = 'completed'
     FROM done
     WHERE attempts.job_id = done.id AND attempts.number = done.attempts
+), ended AS (
+    INSERT INTO job_events (job_id, seq, at, kind, attempt, data)
+    SELECT id, event_seq, $4, 'attempt_ended', attempts, CAST($5 AS json) FROM done
 )
 SELECT id FROM done
 """
@@ -220,7 +227,9 @@ class PostgresBatchedWrites(BatchedWrites):
         ids = [item.job_id for item in items]
         attempts = [item.attempt for item in items]
         results = [json.dumps(item.result) for item in items]
-        rows = await self._fetch("completions", COMPLETE_SQL, ids, attempts, results, now)
+        rows = await self._fetch(
+            "completions", COMPLETE_SQL, ids, attempts, results, now, COMPLETED_EVENT
+        )
         return {row["id"] for row in rows}
 
     async def _fetch(self, name: str, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
@@ -305,31 +314,47 @@ class SqliteBatchedWrites(BatchedWrites):
                 SQLITE_OPEN_ATTEMPT_SQL,
                 [(row["id"], row["attempts"], self.worker, now) for row in claimed],
             )
+            started = json.dumps({"worker": self.worker})
+            db.executemany(
+                SQLITE_EVENT_SQL,
+                [
+                    (row["id"], row["event_seq"], now, "attempt_started", row["attempts"], started)
+                    for row in claimed
+                ],
+            )
         return claimed
 
     def _complete(self, items: list[Completion], now: str) -> set[str]:
         db = self._connection()
-        done: set[str] = set()
+        done: dict[str, int] = {}  # job id: its event's seq
         with _immediate(db):
             for item in items:
                 moved = db.execute(
                     SQLITE_COMPLETE_SQL,
                     (json.dumps(item.result), now, now, item.job_id, item.attempt),
-                )
-                if moved.rowcount == 1:
-                    done.add(item.job_id)
+                ).fetchone()
+                if moved is not None:
+                    done[item.job_id] = moved["event_seq"]
             db.executemany(
                 SQLITE_CLOSE_ATTEMPT_SQL,
                 [(now, item.job_id, item.attempt) for item in items if item.job_id in done],
             )
-        return done
+            db.executemany(
+                SQLITE_EVENT_SQL,
+                [
+                    (i.job_id, done[i.job_id], now, "attempt_ended", i.attempt, COMPLETED_EVENT)
+                    for i in items
+                    if i.job_id in done
+                ],
+            )
+        return set(done)
 
 
 # The PostgreSQL statements above, for SQLite (same guards, same columns).
 SQLITE_CLAIM_SQL = """
 UPDATE jobs
 SET state = 'active', attempts = attempts + 1, worker = ?, claimed_at = ?, updated_at = ?,
-    lease_expires_at = ?, run_after = NULL
+    lease_expires_at = ?, run_after = NULL, event_seq = event_seq + 1
 WHERE id IN ({ids})
   AND ((state = 'queued' AND (run_after IS NULL OR run_after <= ?))
        OR (state = 'active' AND lease_expires_at < ? AND attempts < max_attempts))
@@ -346,12 +371,19 @@ SQLITE_OPEN_ATTEMPT_SQL = (
 )
 SQLITE_COMPLETE_SQL = """
 UPDATE jobs
-SET state = 'completed', result = ?, finished_at = ?, updated_at = ?, lease_expires_at = NULL
+SET state = 'completed', result = ?, finished_at = ?, updated_at = ?, lease_expires_at = NULL,
+    event_seq = event_seq + 1
 WHERE id = ? AND attempts = ? AND state = 'active' AND parent_id IS NULL
+RETURNING event_seq
 """
 SQLITE_CLOSE_ATTEMPT_SQL = (
     "UPDATE attempts SET finished_at = ?, outcome = 'completed' WHERE job_id = ? AND number = ?"
 )
+SQLITE_EVENT_SQL = (
+    "INSERT INTO job_events (job_id, seq, at, kind, attempt, data) VALUES (?, ?, ?, ?, ?, ?)"
+)
+# The data of a completion's `attempt_ended` event, as job_store._finish writes it.
+COMPLETED_EVENT = json.dumps({"outcome": "completed", "state": "completed"})
 _SQLITE_TIMES = {"run_after", "lease_expires_at", "created_at", "updated_at", "claimed_at"}
 _SQLITE_TIMES |= {"finished_at"}
 

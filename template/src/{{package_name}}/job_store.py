@@ -21,9 +21,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import budgets, queries
+from . import budgets, events, queries
 from .models import approvals as approvals_table
-from .models import attempts, jobs
+from .models import attempts, job_events, jobs
 from .models import budgets as budgets_table
 from .models import paid_calls as paid_calls_table
 from .models import replies as replies_table
@@ -204,6 +204,8 @@ async def claim(
     if row is None:
         return None
     job = Job.from_row(row)
+    started = events.New("attempt_started", {"worker": worker}, job.attempts)
+    await events.record(conn, job_id, job.event_seq, started, now=now)
     if job.attempts > 1:  # a first attempt has no earlier attempt row to close
         reason = "the worker stopped before recording an outcome"
         await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", reason)
@@ -292,7 +294,7 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     stmt = _move("rescue", job_id, now, lease_expires_at=None, run_after=None).where(
         jobs.c.lease_expires_at < now, jobs.c.attempts < jobs.c.max_attempts
     )
-    if (await conn.execute(stmt)).rowcount != 1:
+    if not await _moved(conn, stmt, job_id, _state("rescue", reason=LEASE_EXPIRED), now):
         return False
     await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", LEASE_EXPIRED)
     return True
@@ -309,7 +311,7 @@ async def exhaust(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
         lease_expires_at=None,
         last_error=_summary(ErrorInfo("AttemptsExhausted", ALL_ATTEMPTS_LOST)),
     ).where(jobs.c.lease_expires_at < now, jobs.c.attempts >= jobs.c.max_attempts)
-    if not await _settle(conn, stmt, now):
+    if not await _settle(conn, stmt, job_id, _state("dead_letter", reason=ALL_ATTEMPTS_LOST), now):
         return False
     await _close_open_attempts(conn, job_id, now, "lost", "WorkerLost", LEASE_EXPIRED)
     return True
@@ -317,7 +319,8 @@ async def exhaust(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
 
 async def cancel(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     """An operator stops a job that is queued, waiting or parked."""
-    return await _settle(conn, _move("cancel", job_id, now, finished_at=now, waiting_for=None), now)
+    stmt = _move("cancel", job_id, now, finished_at=now, waiting_for=None)
+    return await _settle(conn, stmt, job_id, _state("cancel"), now)
 
 
 async def deny(
@@ -327,7 +330,7 @@ async def deny(
     stmt = _move("deny", job_id, now, finished_at=now, lease_expires_at=None, last_error=reason)
     if attempt is not None:
         stmt = stmt.where(jobs.c.attempts == attempt)
-    if not await _settle(conn, stmt, now):
+    if not await _settle(conn, stmt, job_id, _state("deny", reason=reason, attempt=attempt), now):
         return False
     await _close_open_attempts(conn, job_id, now, "denied", "SpendDenied", reason)
     return True
@@ -357,7 +360,8 @@ async def mark_in_doubt(
             paid_calls_table.c.job_id == jobs.c.id, paid_calls_table.c.state == "open"
         )
         stmt = stmt.where(jobs.c.lease_expires_at < now, open_call)
-    if (await conn.execute(stmt)).rowcount != 1:
+    event = _state("mark_in_doubt", reason=reason, attempt=attempt)
+    if not await _moved(conn, stmt, job_id, event, now):
         return False
     await _close_open_attempts(conn, job_id, now, "in_doubt", "PaidCallInDoubt", reason)
     return True
@@ -374,7 +378,7 @@ async def replay(conn: AsyncConnection, job_id: str, *, budget: int, now: dateti
         run_after=None,
         lease_expires_at=None,
     )
-    return (await conn.execute(stmt)).rowcount == 1
+    return await _moved(conn, stmt, job_id, _state("replay", attempts=budget), now)
 
 
 async def resolve(
@@ -382,13 +386,13 @@ async def resolve(
 ) -> bool:
     """An operator checked the provider and records an `in_doubt` job as completed."""
     stmt = _move("resolve", job_id, now, result=result, finished_at=now)
-    return await _settle(conn, stmt, now)
+    return await _settle(conn, stmt, job_id, _state("resolve"), now)
 
 
 async def reject(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
     """An operator checked the provider and records an `in_doubt` job as failed."""
     stmt = _move("reject", job_id, now, finished_at=now, last_error=reason)
-    return await _settle(conn, stmt, now)
+    return await _settle(conn, stmt, job_id, _state("reject", reason=reason), now)
 
 
 async def wait(
@@ -413,13 +417,13 @@ async def resume(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     """The approval was decided or the children settled: back to `queued`, to run from the
     top (its steps come back from the record)."""
     stmt = _move("resume", job_id, now, waiting_for=None, run_after=None)
-    return (await conn.execute(stmt)).rowcount == 1
+    return await _moved(conn, stmt, job_id, _state("resume"), now)
 
 
 async def decline(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
     """A person rejected the waiting job's approval: `failed`, with the reason."""
     stmt = _move("decline", job_id, now, waiting_for=None, finished_at=now, last_error=reason)
-    return await _settle(conn, stmt, now)
+    return await _settle(conn, stmt, job_id, _state("decline", reason=reason), now)
 
 
 async def enqueue_child(
@@ -463,6 +467,8 @@ async def enqueue_child(
     created = await conn.scalar(stmt)
     if created is not None:
         await budgets.open_budget(conn, child_id, budget_micros, covering=above, now=now)
+        spawned = {"child_id": child_id, "key": key, "agent": agent}
+        await events.append(conn, parent_id, [events.New("child_spawned", spawned)], now=now)
         return str(created), True
     found = await conn.scalar(
         select(jobs.c.id).where(jobs.c.parent_id == parent_id, jobs.c.child_key == key)
@@ -473,9 +479,10 @@ async def enqueue_child(
 
 
 async def resume_if_children_settled(
-    conn: AsyncConnection, parent_id: str, *, now: datetime
+    conn: AsyncConnection, parent_id: str, *, now: datetime, settled: events.New | None = None
 ) -> bool:
-    """Queue a parent that waits for its children once none is left unsettled.
+    """Queue a parent that waits for its children once none is left unsettled (`settled`:
+    the `child_settled` event of the child whose settling calls this, for the parent).
 
     Takes the parent's row lock first (PostgreSQL), so that of two children settling at
     once, or a child settling while its parent parks, the second to commit sees the first.
@@ -485,6 +492,8 @@ async def resume_if_children_settled(
             select(jobs.c.state, jobs.c.waiting_for).where(jobs.c.id == parent_id).with_for_update()
         )
     ).first()
+    if parent is not None and settled is not None:
+        await events.append(conn, parent_id, [settled], now=now)
     if parent is None or parent.state != JobState.WAITING.value or parent.waiting_for != CHILDREN:
         return False
     if await unsettled_children(conn, parent_id):
@@ -511,6 +520,7 @@ async def prune(engine: Any, *, finished_before: datetime, states: frozenset[Job
             if not ids:
                 return deleted
             for table in (
+                job_events,
                 paid_calls_table,
                 replies_table,
                 steps_table,
@@ -526,7 +536,10 @@ async def prune(engine: Any, *, finished_before: datetime, states: frozenset[Job
 
 
 def _move(verb: str, job_id: str, now: datetime, **values: Any) -> Any:
-    """The guarded UPDATE for `verb`: only from its source states, to its target state."""
+    """The guarded UPDATE for `verb`: only from its source states, to its target state. Every
+    verb but a heartbeat takes the seq of the event that records it (events.py)."""
+    if verb != "heartbeat":
+        values["event_seq"] = jobs.c.event_seq + 1
     return (
         update(jobs)
         .where(jobs.c.id == job_id, jobs.c.state.in_([s.value for s in sources(verb)]))
@@ -534,18 +547,39 @@ def _move(verb: str, job_id: str, now: datetime, **values: Any) -> Any:
     )
 
 
-async def _moved(conn: AsyncConnection, stmt: Any) -> bool:
-    return (await conn.execute(stmt)).rowcount == 1
+def _state(verb: str, **data: Any) -> events.New:
+    """The `state` event of an operator's or recovery's move (no attempt of its own)."""
+    known = {key: value for key, value in data.items() if value is not None}
+    return events.New("state", {"verb": verb, "state": target(verb).value, **known})
 
 
-async def _settle(conn: AsyncConnection, stmt: Any, now: datetime) -> bool:
-    """Run a move into a settled state; when the job is a child, queue its parent if this
-    was the last child it waited for, in the same transaction."""
-    row = (await conn.execute(stmt.returning(jobs.c.parent_id))).first()
+async def _moved(
+    conn: AsyncConnection, stmt: Any, job_id: str, event: events.New, now: datetime
+) -> bool:
+    """Run a move and record its event; False when the guard matched no row."""
+    seq = await conn.scalar(stmt.returning(jobs.c.event_seq))
+    if seq is None:
+        return False
+    await events.record(conn, job_id, seq, event, now=now)
+    return True
+
+
+async def _settle(
+    conn: AsyncConnection, stmt: Any, job_id: str, event: events.New, now: datetime
+) -> bool:
+    """Run a move into a settled state and record its event; when the job is a child,
+    tell its parent and queue it if this was the last child it waited for, in the same
+    transaction."""
+    returned = (jobs.c.event_seq, jobs.c.parent_id, jobs.c.child_key, jobs.c.state)
+    row = (await conn.execute(stmt.returning(*returned))).first()
     if row is None:
         return False
+    await events.record(conn, job_id, row.event_seq, event, now=now)
     if row.parent_id is not None:
-        await resume_if_children_settled(conn, row.parent_id, now=now)
+        child = {"child_id": job_id, "key": row.child_key, "state": row.state}
+        await resume_if_children_settled(
+            conn, row.parent_id, now=now, settled=events.New("child_settled", child)
+        )
     return True
 
 
@@ -566,7 +600,16 @@ async def _finish(
     stmt = _move(verb, job_id, now, lease_expires_at=None, **values).where(
         jobs.c.attempts == attempt
     )
-    if not await (_settle(conn, stmt, now) if target(verb) in SETTLED else _moved(conn, stmt)):
+    ended: dict[str, Any] = {"outcome": outcome, "state": target(verb).value}
+    if error is not None:
+        ended["error"] = _summary(error)
+    if isinstance(values.get("run_after"), datetime):
+        ended["run_after"] = values["run_after"].isoformat()
+    if isinstance(values.get("waiting_for"), str):
+        ended["waiting_for"] = values["waiting_for"]
+    event = events.New("attempt_ended", ended, attempt)
+    settles = target(verb) in SETTLED
+    if not await (_settle if settles else _moved)(conn, stmt, job_id, event, now):
         return False
     await conn.execute(
         update(attempts)

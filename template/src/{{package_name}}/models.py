@@ -94,6 +94,9 @@ jobs = Table(
     Column("priority", SmallInteger, nullable=False, server_default="0"),
     # 0008_budgets: the job whose budget covers this one (its own, or its parent's).
     Column("budget_id", String(36)),
+    # 0009_events: the `seq` of the job's last event (events.py); each write of events adds
+    # to it in the job row's lock, so a job's events commit in `seq` order.
+    Column("event_seq", Integer, nullable=False, server_default="0"),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),
@@ -264,4 +267,18 @@ api_tokens = Table(
     Column("created_by", String(200), nullable=False),
     Column("revoked_at", UTCDateTime()),
     Column("revoked_by", String(200)),
+)
+
+# A job's events (events.py): what the service did (attempts, steps, paid calls, children,
+# waits, state changes) and what its agent emitted (ctx.emit), in per-job order `seq` from 1.
+# Seq 0 is the summary of the events trimmed to keep each job within `events_per_job`.
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("kind", String(100), nullable=False),
+    Column("attempt", Integer),
+    Column("data", JSON),
 )

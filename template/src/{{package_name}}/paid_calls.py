@@ -31,6 +31,7 @@ retries off (`max_retries=0`): retries happen at the job level, where they are r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -41,7 +42,7 @@ import structlog
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import budget_asks, budgets, provider_errors, spend, stored
+from . import budget_asks, budgets, events, provider_errors, spend, stored
 from .db import transaction
 from .errors import RateLimited
 from .models import jobs, paid_calls
@@ -138,11 +139,12 @@ class PaidCalls:
                 f"paid call {name!r} of attempt {row.attempt} has no recorded outcome; "
                 "the provider may have charged it"
             )
+        started = time.monotonic()
         try:
             result = await fn()
         except BaseException as exc:
             if not charged(exc):
-                await self._forget(name, max_micros, day)
+                await self._forget(name, max_micros, day, time.monotonic() - started)
                 self.observe(self.agent, "not_charged")
                 raise
             await self._park(name)
@@ -161,7 +163,8 @@ class PaidCalls:
                 f"paid call {name!r} was charged ${spend.to_usd(cost_micros)}, but {exc}; "
                 "return a dict or the SDK's response object from fn"
             ) from exc
-        await self._close(name, max_micros, cost_micros, day, record)
+        facts = {"duration_s": round(time.monotonic() - started, 3), **call_facts(result)}
+        await self._close(name, max_micros, cost_micros, day, record, facts)
         self.observe(self.agent, "charged")
         return result
 
@@ -229,6 +232,13 @@ class PaidCalls:
                 started_at=datetime.now(UTC),
             )
         )
+        opened = {"name": name, "max_usd": str(spend.to_usd(max_micros))}
+        await events.append(
+            conn,
+            self.job_id,
+            [events.New("paid_call_opened", opened, self.attempt)],
+            now=datetime.now(UTC),
+        )
 
     async def _check_count(self, conn: AsyncConnection, name: str, most: int) -> None:
         """Refuse the call past `most` (the agent's `max_paid_calls`) for this job. Every call
@@ -247,7 +257,13 @@ class PaidCalls:
             )
 
     async def _close(
-        self, name: str, max_micros: int, cost_micros: int, day: date, result: Any
+        self,
+        name: str,
+        max_micros: int,
+        cost_micros: int,
+        day: date,
+        result: Any,
+        facts: dict[str, Any],
     ) -> None:
         async with transaction(self.engine) as conn:
             await conn.execute(
@@ -270,8 +286,15 @@ class PaidCalls:
             await spend.settle(
                 conn, agent=self.agent, day=day, reserved_micros=max_micros, cost_micros=cost_micros
             )
+            settled = {"name": name, "state": "closed", "cost_usd": str(spend.to_usd(cost_micros))}
+            await self._event(conn, {**settled, **facts})
 
-    async def _forget(self, name: str, max_micros: int, day: date) -> None:
+    async def _event(self, conn: AsyncConnection, data: dict[str, Any]) -> None:
+        """The call's `paid_call_settled` event, in the transaction that settles it."""
+        settled = events.New("paid_call_settled", data, self.attempt)
+        await events.append(conn, self.job_id, [settled], now=datetime.now(UTC))
+
+    async def _forget(self, name: str, max_micros: int, day: date, duration_s: float) -> None:
         async with transaction(self.engine) as conn:
             await conn.execute(
                 paid_calls.delete().where(
@@ -282,6 +305,8 @@ class PaidCalls:
             )
             await budgets.settle(conn, self.budget_id, reserved_micros=max_micros, cost_micros=0)
             await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
+            refused = {"name": name, "state": "not_charged", "duration_s": round(duration_s, 3)}
+            await self._event(conn, refused)
 
     async def _park(self, name: str, cost_micros: int | None = None) -> None:
         async with transaction(self.engine) as conn:
@@ -302,6 +327,8 @@ async def park_open_calls(
             finished_at=datetime.now(UTC),
         )
         .returning(
+            paid_calls.c.name,
+            paid_calls.c.attempt,
             paid_calls.c.agent,
             paid_calls.c.day,
             paid_calls.c.max_cost_micros,
@@ -323,7 +350,43 @@ async def park_open_calls(
             reserved_micros=row.max_cost_micros,
             cost_micros=row.cost_micros,
         )
+    parked = [
+        events.New(
+            "paid_call_settled",
+            {"name": row.name, "state": "in_doubt", "cost_usd": str(spend.to_usd(row.cost_micros))},
+            row.attempt,
+        )
+        for row in rows
+    ]
+    await events.append(conn, job_id, parked, now=datetime.now(UTC))
     return len(rows)
+
+
+def call_facts(result: Any) -> dict[str, Any]:
+    """The model and token counts an OpenAI or Anthropic result reports, for its event.
+
+    >>> call_facts({"model": "gpt-4o", "usage": {"prompt_tokens": 9, "completion_tokens": 1}})
+    {'model': 'gpt-4o', 'input_tokens': 9, 'output_tokens': 1}
+    >>> call_facts({"answer": 42})
+    {}
+    """
+    get = (lambda key: result.get(key)) if isinstance(result, dict) else (
+        lambda key: getattr(result, key, None)
+    )
+    facts: dict[str, Any] = {}
+    if isinstance(get("model"), str):
+        facts["model"] = get("model")
+    usage = get("usage")
+    if usage is not None:
+        from . import pricing  # as in _cost_micros: loaded only when a result has usage
+
+        try:
+            counted = pricing.usage_of(usage)
+            facts["input_tokens"] = int(counted.input_tokens or 0)
+            facts["output_tokens"] = int(counted.output_tokens or 0)
+        except (TypeError, ValueError, AttributeError):
+            pass  # a usage of another shape: the event goes without its tokens
+    return facts
 
 
 async def has_open_call(conn: AsyncConnection, job_id: str) -> bool:

@@ -56,6 +56,7 @@ class Job:
     deferrals: int = 0
     priority: int = 0
     budget_id: str | None = None  # the job whose budget covers this one (budgets.py)
+    event_seq: int = 0  # the seq of its last event (events.py)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

@@ -37,6 +37,7 @@ from .agent import AgentContext, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .durable import Durable
+from .events import EventBuffer, Emitter
 from .errors import InvalidPayload, RateLimited, RetryLater
 from .limits import CallLimits
 from .limits.gate import NO_LIMIT, Admission, Gate
@@ -82,6 +83,8 @@ class Runtime:
     gate: Gate | None = None
     # Named limits on calls inside jobs (ctx.limit, ctx.paid_call(limit=...)).
     call_limits: CallLimits | None = None
+    # What agents emit (ctx.emit), written every few hundred ms; None: emits are dropped.
+    events: EventBuffer | None = None
 
     @property
     def agents(self) -> dict[str, Agent]:
@@ -246,13 +249,26 @@ async def run_admitted(
         return await not_claimed(runtime, job_id)
     run = Run(job, runtime.agents.get(job.agent), bind_logger(job.id, job.agent, job.attempts))
     run.log.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
+    if runtime.events is not None and job.event_seq > runtime.events.keep:
+        await trim_events(runtime.events, run)
     # Observed: the claim on entry, the recorded state on exit (observe/metrics.py); traced as a
     # CONSUMER span joined to the submit's trace (observe/tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, run), run.log)
         outcome = check or await call_agent(runtime, run, admission)
+        if runtime.events is not None:  # what the agent emitted, before its outcome's event
+            await runtime.events.flush(job.id)
         observed.state = await record_outcome(runtime, run, outcome)
         return observed.state
+
+
+async def trim_events(buffer: EventBuffer, run: Run) -> None:
+    """Bring a claimed job that has more events than it may keep back to its bound (its
+    children's events and its last attempt's may have taken it over)."""
+    try:
+        await buffer.trim(run.job.id)
+    except DATABASE_ERRORS as exc:  # the next claim tries again
+        run.log.warning("events_not_trimmed", error=str(exc))
 
 
 async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
@@ -360,6 +376,7 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         limits=runtime.call_limits,
         deadline=deadline,
         default_limit=agent.config.limit,
+        events=None if runtime.events is None else Emitter(runtime.events, job.id, job.attempts),
     )
     heartbeat = Heartbeat(runtime, job, jlog, admission)
     try:

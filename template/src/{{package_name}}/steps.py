@@ -24,6 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from . import events
 from .db import transaction
 from .models import steps
 
@@ -77,17 +78,22 @@ class Steps:
             raise StepError(f"step {name!r} returned a result that is not JSON: {exc}") from exc
         async with transaction(self.engine) as conn:
             dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-            await conn.execute(
+            now = datetime.now(UTC)
+            recorded = await conn.scalar(
                 dialect_insert(steps)
                 .values(
                     job_id=self.job_id,
                     name=name,
                     attempt=self.attempt,
                     result=result,
-                    created_at=datetime.now(UTC),
+                    created_at=now,
                 )
                 .on_conflict_do_nothing()
+                .returning(steps.c.id)
             )
+            if recorded is not None:
+                step = events.New("step", {"name": name}, self.attempt)
+                await events.append(conn, self.job_id, [step], now=now)
             stored = await _stored(conn, self.job_id, name)
         # A second writer of the same step (impossible while leases hold) would lose to the
         # first: every run returns the one recorded result.

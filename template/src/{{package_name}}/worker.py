@@ -86,10 +86,13 @@ async def open_runtime(settings: Settings) -> Runtime:
         ),
         call_limits=CallLimits(limiter, found.limits, on_wait=metrics.limit_wait),
         metrics=metrics,
+        events=EventBuffer(engine, keep=settings.events_per_job),
     )
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    if runtime.events is not None:
+        await runtime.events.close()
     await runtime.queue.close()
     if runtime.batched is not None:
         await runtime.batched.close()
