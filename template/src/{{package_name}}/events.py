@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .db import transaction
 from .models import job_events, jobs
+from .states import PARKED, TERMINAL
 
 log = structlog.get_logger("events")
 
@@ -57,6 +58,7 @@ SERVICE_KINDS = frozenset(
 KIND_MAX = 100
 DATA_MAX_BYTES = 16 * 1024  # one event's data, as JSON
 FLUSH_S = 0.2  # how often a worker writes what its agents emitted
+FOLLOW_POLL_S = 0.5  # how often `follow` looks for new events
 DEFAULT_KEEP = 1000  # the `events_per_job` setting's default
 
 
@@ -214,7 +216,7 @@ async def trim(
     return sum(gone.values())
 
 
-async def after(
+async def read_after(
     conn: AsyncConnection, job_id: str, seq: int = 0, *, limit: int = 100
 ) -> list[Event]:
     """The job's events after `seq`, oldest first, at most `limit` (seq 0, the summary of
@@ -248,6 +250,38 @@ async def first_seq(conn: AsyncConnection, job_id: str) -> int | None:
     return None if first is None else int(first)
 
 
+class NoSuchJob(LookupError):
+    """`follow` was asked for a job that does not exist."""
+
+
+async def follow(
+    engine: AsyncEngine, job_id: str, after: int = 0, *, poll_s: float = FOLLOW_POLL_S
+) -> AsyncIterator[Event]:
+    """The job's events after `after` as they are written (what the API's event stream and
+    `jobs watch` send). When events after `after` were trimmed, their summary comes first,
+    as a `trimmed` event whose seq is just before the first one kept. Ends once the job has
+    finished or parked and every event was given; NoSuchJob when there is no such job."""
+    while True:
+        async with engine.connect() as conn:
+            # The state first: events commit with (or before) the state they lead to, so
+            # none written before a final state can be missed by the read after it.
+            state = await conn.scalar(select(jobs.c.state).where(jobs.c.id == job_id))
+            if state is None:
+                raise NoSuchJob(f"no job with id {job_id}")
+            page = await read_after(conn, job_id, after, limit=500)
+            gap = bool(page) and page[0].seq > after + 1
+            summary = await trimmed(conn, job_id) if gap else None
+        if summary is not None:
+            yield replace(summary, seq=page[0].seq - 1)
+        for event in page:
+            yield event
+            after = event.seq
+        if not page:
+            if state in {s.value for s in TERMINAL | PARKED}:
+                return
+            await asyncio.sleep(poll_s)
+
+
 @dataclass
 class _Pending:
     events: list[New] = field(default_factory=list)
@@ -276,8 +310,8 @@ class EventBuffer:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon())
 
-    async def flush(self, job_id: str | None = None) -> None:
-        """Write what is pending now (of `job_id` only, when given)."""
+    async def flush(self, job_id: str | None = None) -> int:
+        """Write what is pending now (of `job_id` only, when given); how many events."""
         async with self._lock:
             if job_id is None:
                 taken, self._pending = self._pending, {}
@@ -285,11 +319,13 @@ class EventBuffer:
                 one = self._pending.pop(job_id, None)
                 taken = {} if one is None else {job_id: one}
             if not taken:
-                return
+                return 0
             try:
                 await self._write(taken)
             except Exception as exc:  # noqa: BLE001 - the database is away: the events are lost
                 log.warning("events_not_written", jobs=len(taken), error=str(exc))
+                return 0
+            return sum(len(p.events) for p in taken.values())
 
     async def trim(self, job_id: str) -> None:
         """Bring the job back to `keep` events (the runner asks when a claimed job has more)."""

@@ -370,13 +370,11 @@ def call_facts(result: Any) -> dict[str, Any]:
     >>> call_facts({"answer": 42})
     {}
     """
-    get = (lambda key: result.get(key)) if isinstance(result, dict) else (
-        lambda key: getattr(result, key, None)
-    )
     facts: dict[str, Any] = {}
-    if isinstance(get("model"), str):
-        facts["model"] = get("model")
-    usage = get("usage")
+    model = _field(result, "model")
+    if isinstance(model, str):
+        facts["model"] = model
+    usage = _field(result, "usage")
     if usage is not None:
         from . import pricing  # as in _cost_micros: loaded only when a result has usage
 
@@ -387,6 +385,10 @@ def call_facts(result: Any) -> dict[str, Any]:
         except (TypeError, ValueError, AttributeError):
             pass  # a usage of another shape: the event goes without its tokens
     return facts
+
+
+def _field(source: Any, key: str) -> Any:
+    return source.get(key) if isinstance(source, dict) else getattr(source, key, None)
 
 
 async def has_open_call(conn: AsyncConnection, job_id: str) -> bool:

@@ -37,8 +37,8 @@ from .agent import AgentContext, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
 from .db import transaction
 from .durable import Durable
-from .events import EventBuffer, Emitter
 from .errors import InvalidPayload, RateLimited, RetryLater
+from .events import Emitter, EventBuffer
 from .limits import CallLimits
 from .limits.gate import NO_LIMIT, Admission, Gate
 from .observe import tracing
@@ -249,22 +249,25 @@ async def run_admitted(
         return await not_claimed(runtime, job_id)
     run = Run(job, runtime.agents.get(job.agent), bind_logger(job.id, job.agent, job.attempts))
     run.log.debug("job_claimed", lane=job.lane, max_attempts=job.max_attempts)
-    if runtime.events is not None and job.event_seq > runtime.events.keep:
-        await trim_events(runtime.events, run)
     # Observed: the claim on entry, the recorded state on exit (observe/metrics.py); traced as a
     # CONSUMER span joined to the submit's trace (observe/tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, run), run.log)
         outcome = check or await call_agent(runtime, run, admission)
-        if runtime.events is not None:  # what the agent emitted, before its outcome's event
-            await runtime.events.flush(job.id)
-        observed.state = await record_outcome(runtime, run, outcome)
+        # What the agent emitted is written before its outcome's event; a job that may now
+        # hold more events than it keeps is trimmed once the outcome is written.
+        emitted = 0 if runtime.events is None else await runtime.events.flush(job.id)
+        try:
+            observed.state = await record_outcome(runtime, run, outcome)
+        finally:
+            if runtime.events is not None and (emitted or job.event_seq > runtime.events.keep):
+                await trim_events(runtime.events, run)
         return observed.state
 
 
 async def trim_events(buffer: EventBuffer, run: Run) -> None:
-    """Bring a claimed job that has more events than it may keep back to its bound (its
-    children's events and its last attempt's may have taken it over)."""
+    """Bring a job that may hold more events than it keeps back to its bound: one that
+    emitted this attempt, or had more when claimed (its children's events, its steps')."""
     try:
         await buffer.trim(run.job.id)
     except DATABASE_ERRORS as exc:  # the next claim tries again

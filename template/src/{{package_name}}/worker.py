@@ -21,6 +21,7 @@ import structlog
 from . import catalog, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
+from .events import EventBuffer
 from .lanes import RECORD_GRACE_S
 
 # Importable from here as before lanes.py: bench/ builds its arq workers from a lane's

@@ -1,15 +1,16 @@
-"""`submit`, `jobs show/list/cancel` and `prune` (template-owned: copier-agent-worker)."""
+"""`submit`, `jobs show/list/watch/cancel` and `prune` (template-owned: copier-agent-worker)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .. import actions, approvals, budgets, job_store, paid_calls, queries, steps
+from .. import actions, approvals, budgets, events, job_store, paid_calls, queries, steps
 from ..budgets import BudgetRefused, parse_budget
 from ..db import create_engine
 from ..states import PARKED, TERMINAL
@@ -338,6 +339,52 @@ def _why_waiting(job: queries.Job, now: datetime) -> str:
     if job.waiting_for:
         return f"waiting for {job.waiting_for}"
     return job.last_error or ""
+
+
+@jobs_app.command("watch")
+def jobs_watch(
+    job_id: str,
+    after: Annotated[int, typer.Option(min=0, help="Start after this event seq.")] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="JSON lines (the default when not on a terminal).")
+    ] = False,
+) -> None:
+    """Follow a job's events as they are written, until it finishes or parks (Ctrl-C stops
+    watching, never the job)."""
+    settings = load_settings()
+    lines = as_json or not sys.stdout.isatty()
+
+    async def go() -> str:
+        engine = create_engine(settings)
+        try:
+            async for event in events.follow(engine, job_id, after):
+                typer.echo(json.dumps(event.as_dict()) if lines else event_line(event))
+            async with engine.connect() as conn:
+                job = await queries.get_job(conn, job_id)
+            return "gone" if job is None else job.state.value
+        finally:
+            await engine.dispose()
+
+    try:
+        state = run(go(), settings)
+    except events.NoSuchJob as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if not lines:
+        typer.echo(f"job {job_id} is {state}", err=True)
+
+
+def event_line(event: events.Event) -> str:
+    """One event on a terminal: time, seq, kind, attempt and its data.
+
+    >>> e = events.Event(7, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "step", 1, {"name": "a"})
+    >>> event_line(e)
+    '03:04:05Z     7  step               #1  name=a'
+    """
+    data = " ".join(f"{k}={v}" for k, v in (event.data or {}).items())
+    attempt = "" if event.attempt is None else f"#{event.attempt}"
+    return f"{event.at:%H:%M:%S}Z {event.seq:>5}  {event.kind:<18} {attempt:<3} {data}".rstrip()
 
 
 @jobs_app.command("cancel")

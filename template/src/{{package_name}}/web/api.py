@@ -11,6 +11,7 @@ in bodies.py, from which openapi.py builds the document at /api/openapi.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -18,11 +19,23 @@ from decimal import Decimal
 from typing import Any, NoReturn
 
 from pydantic import BaseModel
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, approvals, audit, budgets, catalog, dlq, paid_calls, queries, spend
+from .. import (
+    actions,
+    approvals,
+    audit,
+    budgets,
+    catalog,
+    dlq,
+    events,
+    paid_calls,
+    queries,
+    spend,
+)
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
@@ -43,6 +56,7 @@ from .inputs import (
 from .services import Services
 
 BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
+STREAM_PING_S = 15  # a comment line this often keeps proxies from closing a quiet stream
 JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority", "budget_usd")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
 
@@ -168,6 +182,51 @@ async def list_jobs(request: Request, services: Services, principal: Principal) 
     return reply(
         bodies.JobsPage, {"jobs": [j.as_dict() for j in found], "next_before": next_before}
     )
+
+
+@endpoint(Role.VIEWER)
+async def job_events(request: Request, services: Services, principal: Principal) -> Response:
+    """The job's events after `after` (or Last-Event-ID): a JSON page, or Server-Sent Events
+    for a client that accepts text/event-stream."""
+    job_id = request.path_params["job_id"]
+    query = request.query_params
+    unknown = set(query) - {"after", "limit"}
+    if unknown:
+        raise InputError(400, f"unknown parameter {sorted(unknown)[0]!r}")
+    after = parse_after(query.get("after", request.headers.get("last-event-id")))
+    limit = parse_limit(query.get("limit"), bodies.MAX_LIST)
+    async with services.engine.connect() as conn:
+        job = await queries.get_job(conn, job_id)
+        if job is None:
+            raise InputError(404, f"no job with id {job_id}")
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return EventSourceResponse(stream_events(services, job_id, after), ping=STREAM_PING_S)
+        page = await events.read_after(conn, job_id, after, limit=limit)
+        trimmed = await events.trimmed(conn, job_id) if page and page[0].seq > after + 1 else None
+    body = {
+        "events": [e.as_dict() for e in page],
+        "trimmed": None if trimmed is None else trimmed.as_dict(),
+        "next_after": page[-1].seq if page else after,
+        "state": job.state.value,
+    }
+    return reply(bodies.EventsPage, body)
+
+
+async def stream_events(services: Services, job_id: str, after: int) -> Any:
+    """Each event as it is written (events.follow), with `id:` its seq."""
+    with contextlib.suppress(events.NoSuchJob):  # deleted (pruned) while streaming: the end
+        async for event in events.follow(services.engine, job_id, after):
+            body = bodies.JobEvent.model_validate(event.as_dict()).model_dump(mode="json")
+            yield ServerSentEvent(data=json.dumps(body), event=event.kind, id=str(event.seq))
+
+
+def parse_after(text: str | None) -> int:
+    """The seq a client saw last: 0 when absent, else a whole number of at most 9 digits."""
+    if text is None or text == "":
+        return 0
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise InputError(400, f"after (or Last-Event-ID) must be a whole number (got {text!r})")
+    return int(text)
 
 
 @endpoint(Role.OPERATOR)
@@ -443,6 +502,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs", submit_job, methods=["POST"]),
         Route("/jobs", list_jobs, methods=["GET"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"]),
+        Route("/jobs/{job_id}/events", job_events, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
         Route("/dlq/resolve", dlq_resolve, methods=["POST"]),

@@ -163,6 +163,7 @@ class Job(Response):
     deferrals: int
     priority: Literal["high", "normal", "low"]
     budget_id: str | None = Field(description="The job whose budget covers this one.")
+    event_seq: int = Field(description="The seq of the job's last event (0: none yet).")
 
 
 class Attempt(Response):
@@ -230,6 +231,24 @@ class JobDetail(Job):
     paid_calls: list[PaidCall]
     audit: list[AuditEntry]
     cost: Cost
+
+
+class JobEvent(Response):
+    seq: int = Field(description="Its place in the job's events, from 1 (0: the summary).")
+    at: Time
+    kind: str = Field(description="The service's kinds (attempt_started, step, ...) or ctx.emit's.")
+    attempt: int | None
+    data: dict[str, Any] | None
+
+
+class EventsPage(Response):
+    events: list[JobEvent]
+    trimmed: JobEvent | None = Field(
+        description="When events before this page were trimmed to the job's bound: how many, "
+        "by kind (seq 0)."
+    )
+    next_after: int = Field(description="Pass as `after` for the next page.")
+    state: JobState = Field(description="The job's state when the page was read.")
 
 
 class JobsPage(Response):

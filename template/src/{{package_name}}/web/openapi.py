@@ -26,6 +26,7 @@ _ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "500": _ERROR}
 _JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": bodies.MAX_LIST, "default": 50}
 _STATES = {"type": "string", "enum": [s.value for s in JobState]}
+_AFTER = {"type": "integer", "minimum": 0, "default": 0}
 
 REQUESTS: tuple[type[BaseModel], ...] = (
     bodies.SubmitJob,
@@ -39,6 +40,7 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     bodies.Submitted,
     bodies.JobsPage,
     bodies.JobDetail,
+    bodies.EventsPage,
     bodies.Moved,
     bodies.Resolved,
     bodies.Causes,
@@ -171,6 +173,36 @@ def _paths() -> dict[str, Any]:
                 bodies.JobDetail,
                 parameters=_JOB_ID,
                 errors=["404"],
+            )
+        },
+        "/api/jobs/{job_id}/events": {
+            "get": _op(
+                "The job's events after `after` (or the Last-Event-ID header), oldest first: a "
+                "JSON page, or with `Accept: text/event-stream` Server-Sent Events whose `id` is "
+                "the event's seq (a reconnect resumes after it), ending once the job has "
+                "finished or parked and every event was sent.",
+                "viewer",
+                bodies.EventsPage,
+                parameters=[
+                    *_JOB_ID,
+                    {"name": "after", "in": "query", "schema": _AFTER},
+                    {"name": "limit", "in": "query", "schema": _LIMIT},
+                    {"name": "Last-Event-ID", "in": "header", "schema": _AFTER},
+                ],
+                errors=["404"],
+                responses={
+                    "200": {
+                        "description": "OK",
+                        "content": {
+                            "application/json": {"schema": _ref(bodies.EventsPage)},
+                            "text/event-stream": {
+                                "schema": {"type": "string"},
+                                "description": "`id: SEQ`, `event: KIND`, `data:` the JobEvent "
+                                "as JSON; `event: trimmed` first when older events were trimmed.",
+                            },
+                        },
+                    }
+                },
             )
         },
         "/api/jobs/{job_id}/cancel": {
