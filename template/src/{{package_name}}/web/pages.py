@@ -353,6 +353,7 @@ async def jobs_page(
         filters=filters,
         states=[s.value for s in JobState],
         agents=sorted(catalog.AGENTS),
+        parked=[state.value for state in PARKED],  # whose last error is why they are there
         errors=errors,
         more=more,
     )
