@@ -70,6 +70,9 @@ class Approval:
     decided_at: datetime | None
     decided_by: str | None
     reason: str | None
+    # A `budget` ask's figures (budget_asks.py): what stopped the call ("kind", "target",
+    # "day"), what it needs and what was left ("asked_usd", "left_usd"); None otherwise.
+    details: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(self).items()}
@@ -298,6 +301,7 @@ async def _list(conn: AsyncConnection, where: Any, *, limit: int) -> list[Approv
             approvals.c.decided_at,
             approvals.c.decided_by,
             approvals.c.reason,
+            approvals.c.details,
         )
         .join(jobs, jobs.c.id == approvals.c.job_id)
         .where(where)

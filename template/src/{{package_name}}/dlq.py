@@ -99,6 +99,10 @@ class CauseGroup:
     first_seen: datetime | None = None
     last_seen: datetime | None = None
     sample_ids: list[str] = field(default_factory=list)
+    # What an operator can do with the group: settle its in_doubt jobs (`dlq resolve`), or
+    # replay by cause the ones that made no paid call (the rest only by id, allow_spent).
+    in_doubt: int = 0
+    replayable: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +146,10 @@ async def causes(conn: AsyncConnection) -> list[CauseGroup]:
         group.count += 1
         group.agents.add(job.agent)
         group.states.add(job.state.value)
+        if job.state is JobState.IN_DOUBT:
+            group.in_doubt += 1
+        elif not job.has_paid_calls:
+            group.replayable += 1
         group.first_seen = min(filter(None, [group.first_seen, job.parked_at]))
         group.last_seen = max(filter(None, [group.last_seen, job.parked_at]))
         if len(group.sample_ids) < 3:

@@ -252,30 +252,33 @@ FINISHED_BADLY = frozenset({JobState.FAILED, JobState.DEAD_LETTERED, JobState.DE
 
 async def finished_per_bucket(
     conn: AsyncConnection, *, start: datetime, width: timedelta, buckets: int
-) -> list[tuple[int, int]]:
-    """(completed, failed) per bucket of `width` from `start`, oldest first: jobs that
-    finished then, counted by the database in one GROUP BY (the console's last-hour chart).
-    A job that finished after the last bucket's end counts in the last one; failed means
-    failed, dead_lettered or denied."""
+) -> list[tuple[int, int, int]]:
+    """(completed, failed, in_doubt) per bucket of `width` from `start`, oldest first: jobs
+    that finished (or went in_doubt) then, counted by the database in one GROUP BY (the
+    console's last-hour chart). A job that finished after the last bucket's end counts in
+    the last one; failed means failed, dead_lettered or denied; completed is the rest
+    (cancelled too)."""
     bounds = [(jobs.c.finished_at < start + width * (i + 1), i) for i in range(buckets - 1)]
     slot = case(*bounds, else_=buckets - 1) if bounds else literal(0)
-    failed = jobs.c.state.in_([s.value for s in FINISHED_BADLY])
+    kind = case(
+        (jobs.c.state.in_([s.value for s in FINISHED_BADLY]), 1),
+        (jobs.c.state == JobState.IN_DOUBT.value, 2),
+        else_=0,
+    )
     # Grouped over a subquery's labels: PostgreSQL sees the CASE in SELECT and GROUP BY as
     # two expressions when their bound times are separate parameters.
     finished = (
-        select(slot.label("slot"), failed.label("failed"))
-        .where(jobs.c.finished_at >= start)
-        .subquery()
+        select(slot.label("slot"), kind.label("kind")).where(jobs.c.finished_at >= start).subquery()
     )
     rows = await conn.execute(
-        select(finished.c.slot, finished.c.failed, func.count()).group_by(
-            finished.c.slot, finished.c.failed
+        select(finished.c.slot, finished.c.kind, func.count()).group_by(
+            finished.c.slot, finished.c.kind
         )
     )
-    counts = [[0, 0] for _ in range(buckets)]
-    for index, bad, count in rows:
-        counts[int(index)][1 if bad else 0] += int(count)
-    return [(done, bad) for done, bad in counts]
+    counts = [[0, 0, 0] for _ in range(buckets)]
+    for index, which, count in rows:
+        counts[int(index)][int(which)] += int(count)
+    return [(done, bad, doubt) for done, bad, doubt in counts]
 
 
 # `/metrics` runs these two every few seconds: each reads `queued` rows only, through the

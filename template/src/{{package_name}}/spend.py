@@ -134,6 +134,16 @@ def to_usd(micros: int) -> Decimal:
     return Decimal(micros) / MICROS
 
 
+def cap_label(agent: str) -> str:
+    """How a person reads a cap's key: an agent's name, or the global cap (GLOBAL, '*')
+    named as such.
+
+    >>> cap_label("draft"), cap_label(GLOBAL)
+    ('draft', 'all agents (global)')
+    """
+    return "all agents (global)" if agent == GLOBAL else agent
+
+
 def utc_day(now: datetime) -> date:
     return now.astimezone(UTC).date()
 

@@ -46,7 +46,9 @@ def db_upgrade(
     done = f"applied {steps.count} migrations" if steps.count else "nothing to apply"
     typer.echo(f"database at {redact_url(settings.database_url)} is at {revision}: {done}")
     for agent in seeded:
-        typer.echo(f"seeded the daily spend cap of {agent} from the template answers")
+        typer.echo(
+            f"seeded the daily spend cap of {spend.cap_label(agent)} from the template answers"
+        )
 
 
 class _StepCounter(logging.Handler):

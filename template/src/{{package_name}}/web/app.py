@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import catalog
 from ..models import GLOBAL
 from ..settings import ENV_PREFIX, Settings, SettingsError
-from . import api, pages
+from . import api, approval_pages, pages, token_pages
 from .auth import Denied, SecurityHeaders
 from .inputs import InputError
 from .openapi import document
@@ -86,6 +86,8 @@ def create_app(settings: Settings, secret: str) -> Starlette:
             Mount("/api", routes=api.routes()),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
             *pages.routes(),
+            *approval_pages.routes(),
+            *token_pages.routes(),
         ],
         # Outermost first: the security headers go on every response, the 500s too.
         middleware=[Middleware(SecurityHeaders), Middleware(Unexpected)],
@@ -174,12 +176,13 @@ class Unexpected:
             )
             if started:  # half a response is out: only the server can end it
                 raise
-            await unexpected_response(Request(scope), error_id)(scope, receive, send)
+            response = await unexpected_response(Request(scope), error_id)
+            await response(scope, receive, send)
 
 
-def unexpected_response(request: Request, error_id: str) -> Response:
-    """The 500 of `Unexpected`: JSON under /api/, a plain page in the console."""
+async def unexpected_response(request: Request, error_id: str) -> Response:
+    """The 500 of `Unexpected`: JSON under /api/, the console's error page elsewhere."""
     message = f"something went wrong on the server; its log has the details under {error_id}"
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": message, "error_id": error_id}, status_code=500)
-    return pages.render(request, "error.html", 500, status=500, message=message)
+    return await pages.error_page(request, 500, message)

@@ -305,6 +305,7 @@ class Approval(Response):
     decided_at: Time | None
     decided_by: str | None
     reason: str | None
+    details: dict[str, str | None] | None = None
 
 
 class Approvals(RootModel[list[Approval]]):

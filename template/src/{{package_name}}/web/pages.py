@@ -13,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -28,6 +29,7 @@ from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, JobState
 from ..tokens import Principal, Role, authenticate
+from . import job_facts
 from .auth import SESSION_COOKIE, Denied, Session, Sessions, check_csrf, session_principal
 from .inputs import InputError, parse_cap
 from .services import Services
@@ -67,7 +69,9 @@ def when(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-TEMPLATES.filters.update(usd=usd, as_json=as_json, when=when)
+TEMPLATES.filters.update(
+    usd=usd, as_json=as_json, when=when, cap_label=spend.cap_label, duration=job_facts.duration
+)
 PAGE_SIZE = 50
 CHART_BUCKETS = 12  # five-minute bars over the last hour
 CHART_BUCKET = timedelta(minutes=5)
@@ -116,15 +120,50 @@ def render(
         operator=principal is not None and principal.may(Role.OPERATOR),
         admin=principal is not None and principal.may(Role.ADMIN),
         path=request.url.path,
+        service=catalog.PROJECT_NAME,
         **context,
     )
     return HTMLResponse(html, status_code=status_code)
 
 
+# What each refusal is called at the top of its page.
+ERROR_TITLES = {
+    400: "That request was not valid",
+    403: "Not allowed",
+    404: "Not found",
+    405: "Not allowed here",
+    409: "Not in a state that allows it",
+    500: "Something went wrong on the server",
+    503: "A service it needs is not answering",
+}
+
+
 async def error_page(request: Request, status: int, message: str) -> Response:
+    """A refusal in the console's layout, with its nav when the session is still good, so
+    the reader can go on from where they are."""
     if status == 401 and request.method == "GET":
         return RedirectResponse("/login", status_code=303)
-    return render(request, "error.html", status, status=status, message=message)
+    services = request.app.state.services
+    try:
+        found = await session_principal(request, services.engine, services.sessions)
+    except Exception:  # noqa: BLE001 - the page of a failing database must still show
+        found = None
+    principal, session = found if found is not None else (None, None)
+    if message == HTTPStatus(status).phrase:  # Starlette's bare "Not Found" and friends
+        message = {
+            404: f"there is no page at {request.url.path}; the links above lead to every page",
+            405: f"{request.url.path} does not take a {request.method} request",
+        }.get(status, message)
+    return render(
+        request,
+        "error.html",
+        status,
+        principal=principal,
+        session=session,
+        status=status,
+        title=ERROR_TITLES.get(status, "Refused"),
+        refusal=message,
+    )
 
 
 # Login -------------------------------------------------------------------------------------
@@ -199,10 +238,12 @@ async def overview_counts(
 async def _overview(services: Services) -> dict[str, Any]:
     """The overview's numbers, read through the same functions as `stats` and `/metrics`."""
     now = datetime.now(UTC)
+    # Bars start on whole five minutes, so their labels read 09:05, 09:10, ...
+    start = _floor(now, CHART_BUCKET) - CHART_BUCKET * (CHART_BUCKETS - 1)
     async with services.engine.connect() as conn:
         found = await stats.read_service_stats(conn, causes=False)
         buckets = await queries.finished_per_bucket(
-            conn, start=now - timedelta(hours=1), width=CHART_BUCKET, buckets=CHART_BUCKETS
+            conn, start=start, width=CHART_BUCKET, buckets=CHART_BUCKETS
         )
     depths: dict[str, int | None] = dict.fromkeys(catalog.LANES)
     redis_error = None
@@ -221,23 +262,43 @@ async def _overview(services: Services) -> dict[str, Any]:
         ],
         "redis_error": redis_error,
         "caps": found.caps,
-        "chart": _chart(buckets),
+        "chart": _chart(buckets, start),
         "now": now,
     }
+
+
+def _floor(moment: datetime, width: timedelta) -> datetime:
+    """The start of the `width`-long slot of the UTC day that holds `moment`.
+
+    >>> _floor(datetime(2026, 1, 31, 9, 7, 42, tzinfo=UTC), timedelta(minutes=5))
+    datetime.datetime(2026, 1, 31, 9, 5, tzinfo=datetime.timezone.utc)
+    """
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    return day + width * ((moment - day) // width)
 
 
 def _whole(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds)
 
 
-def _chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
-    """Bar geometry for an inline SVG (no script, no inline style: the CSP allows neither)."""
-    top = max([1, *(done + failed for done, failed in buckets)])
+def _chart(buckets: list[tuple[int, int, int]], start: datetime) -> dict[str, Any]:
+    """Bar geometry for an inline SVG (no script, no inline style: the CSP allows neither),
+    with each bar's start time (UTC) under it."""
+    top = max([1, *(sum(bucket) for bucket in buckets)])
     bars = []
-    for i, (done, failed) in enumerate(buckets):
-        h_done, h_failed = round(100 * done / top), round(100 * failed / top)
+    for i, (done, failed, doubt) in enumerate(buckets):
+        h_done, h_failed, h_doubt = (round(100 * n / top) for n in (done, failed, doubt))
         bars.append(
-            {"x": i * 25, "done": done, "failed": failed, "h_done": h_done, "h_failed": h_failed}
+            {
+                "x": i * 25,
+                "done": done,
+                "failed": failed,
+                "in_doubt": doubt,
+                "h_done": h_done,
+                "h_failed": h_failed,
+                "h_doubt": h_doubt,
+                "label": (start + CHART_BUCKET * i).strftime("%H:%M"),
+            }
         )
     return {"bars": bars, "top": top, "width": CHART_BUCKETS * 25}
 
@@ -292,6 +353,7 @@ async def jobs_page(
         filters=filters,
         states=[s.value for s in JobState],
         agents=sorted(catalog.AGENTS),
+        parked=[state.value for state in PARKED],  # whose last error is why they are there
         errors=errors,
         more=more,
     )
@@ -320,7 +382,11 @@ async def job_page(
         calls=calls,
         cost=cost,
         entries=entries,
+        facts=job_facts.facts(job, attempts, entries),
+        priority=queries.PRIORITY_NAMES.get(job.priority, str(job.priority)),
         cancellable=job.state is JobState.QUEUED or job.state in PARKED,
+        replayable=job.state in PARKED - {JobState.IN_DOUBT},
+        spent=bool(calls),
         in_doubt=job.state is JobState.IN_DOUBT,
         message=request.query_params.get("message"),
     )
@@ -333,6 +399,34 @@ async def cancel_job(
     job_id = request.path_params["job_id"]
     done = await actions.cancel(services.engine, job_id, actor=principal.name)
     message = "cancelled" if done else "not cancelled: it is not queued, waiting or parked"
+    return _back(f"/jobs/{quote(job_id)}", message)
+
+
+@page(Role.OPERATOR)
+async def replay_job(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    """Replay this one parked job, as `dlq replay --id` does; one that made a paid call
+    needs the form's `allow_spent`, as the CLI needs `--allow-spent`."""
+    job_id = request.path_params["job_id"]
+    form = await request.form()
+    try:
+        outcome = await actions.replay(
+            services.settings,
+            services.engine,
+            job_ids=[job_id],
+            approved_by=principal.name,
+            reason=str(form.get("reason") or "").strip() or None,
+            allow_spent=form.get("allow_spent") == "yes",
+        )
+    except dlq.ReplayRefused as exc:
+        return _back(f"/jobs/{quote(job_id)}", str(exc))
+    if not outcome.replayed:
+        why = "; ".join(reason for _, reason in outcome.plan.skipped) or "it moved meanwhile"
+        return _back(f"/jobs/{quote(job_id)}", f"not replayed: {why}")
+    message = "replayed: queued again with fresh attempts"
+    if outcome.push_warning:
+        message += f"; {outcome.push_warning}"
     return _back(f"/jobs/{quote(job_id)}", message)
 
 
@@ -506,6 +600,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}", job_page, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
+        Route("/jobs/{job_id}/replay", replay_job, methods=["POST"]),
         Route("/dlq/resolve", dlq_resolve, methods=["POST"]),
         Route("/dlq", dlq_page, methods=["GET"]),
         Route("/dlq/replay", dlq_replay, methods=["POST"]),
