@@ -21,7 +21,7 @@ from ..budget_asks import BUDGET
 from ..tokens import Principal, Role
 from .auth import Session
 from .inputs import InputError, blank
-from .pages import _back, page, render
+from .pages import redirect_back, page, render
 from .services import Services
 
 MAX_REASON = 2000
@@ -59,7 +59,7 @@ async def decide(
         return await _shown(request, services, principal, session, 409, str(exc))
     verb = "approved" if approved else "rejected"
     raised = f" with ${form.get('raise_budget_usd')} more to spend" if raise_micros else ""
-    return _back("/approvals", f"job {job_id} {verb}{raised}; it is now {state.value}")
+    return redirect_back("/approvals", f"job {job_id} {verb}{raised}; it is now {state.value}")
 
 
 async def _read(services: Services, job_id: str, form: Any) -> tuple[bool, str | None, int | None]:

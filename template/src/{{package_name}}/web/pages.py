@@ -399,7 +399,7 @@ async def cancel_job(
     job_id = request.path_params["job_id"]
     done = await actions.cancel(services.engine, job_id, actor=principal.name)
     message = "cancelled" if done else "not cancelled: it is not queued, waiting or parked"
-    return _back(f"/jobs/{quote(job_id)}", message)
+    return redirect_back(f"/jobs/{quote(job_id)}", message)
 
 
 @page(Role.OPERATOR)
@@ -420,14 +420,14 @@ async def replay_job(
             allow_spent=form.get("allow_spent") == "yes",
         )
     except dlq.ReplayRefused as exc:
-        return _back(f"/jobs/{quote(job_id)}", str(exc))
+        return redirect_back(f"/jobs/{quote(job_id)}", str(exc))
     if not outcome.replayed:
         why = "; ".join(reason for _, reason in outcome.plan.skipped) or "it moved meanwhile"
-        return _back(f"/jobs/{quote(job_id)}", f"not replayed: {why}")
+        return redirect_back(f"/jobs/{quote(job_id)}", f"not replayed: {why}")
     message = "replayed: queued again with fresh attempts"
     if outcome.push_warning:
         message += f"; {outcome.push_warning}"
-    return _back(f"/jobs/{quote(job_id)}", message)
+    return redirect_back(f"/jobs/{quote(job_id)}", message)
 
 
 @page(Role.OPERATOR)
@@ -449,8 +449,8 @@ async def resolve_job(
             note=note,
         )
     except dlq.ReplayRefused as exc:
-        return _back(f"/jobs/{quote(job_id)}", str(exc))
-    return _back(f"/jobs/{quote(job_id)}", f"resolved: now {state.value}")
+        return redirect_back(f"/jobs/{quote(job_id)}", str(exc))
+    return redirect_back(f"/jobs/{quote(job_id)}", f"resolved: now {state.value}")
 
 
 # Dead letters ------------------------------------------------------------------------------
@@ -484,9 +484,9 @@ async def dlq_resolve(
     cause, limit_text = str(form.get("cause_id") or ""), str(form.get("limit") or "")
     outcome, note = str(form.get("outcome") or ""), str(form.get("note") or "").strip()
     if not cause or not limit_text.isdigit() or int(limit_text) < 1:
-        return _back("/dlq", "resolving needs a cause and a limit: a whole number, 1 or more")
+        return redirect_back("/dlq", "resolving needs a cause and a limit: a whole number, 1 or more")
     if outcome not in dlq.OUTCOMES or not note:
-        return _back("/dlq", "choose an outcome and write a note saying what the provider showed")
+        return redirect_back("/dlq", "choose an outcome and write a note saying what the provider showed")
     try:
         resolved = await actions.resolve_cause(
             services.settings,
@@ -498,8 +498,8 @@ async def dlq_resolve(
             note=note,
         )
     except dlq.ReplayRefused as exc:
-        return _back("/dlq", str(exc))
-    return _back("/dlq", f"resolved {len(resolved)} in-doubt job(s) as {outcome}")
+        return redirect_back("/dlq", str(exc))
+    return redirect_back("/dlq", f"resolved {len(resolved)} in-doubt job(s) as {outcome}")
 
 
 @page(Role.OPERATOR)
@@ -511,7 +511,7 @@ async def dlq_replay(
     cause, limit_text = str(form.get("cause_id") or ""), str(form.get("limit") or "")
     reason = str(form.get("reason") or "").strip() or None
     if not cause or not limit_text.isdigit() or int(limit_text) < 1:
-        return _back("/dlq", "a replay needs a cause and a limit: a whole number, 1 or more")
+        return redirect_back("/dlq", "a replay needs a cause and a limit: a whole number, 1 or more")
     try:
         outcome = await actions.replay(
             services.settings,
@@ -522,13 +522,13 @@ async def dlq_replay(
             reason=reason,
         )
     except dlq.ReplayRefused as exc:
-        return _back("/dlq", str(exc))
+        return redirect_back("/dlq", str(exc))
     message = f"replayed {len(outcome.replayed)} job(s)"
     if outcome.plan.skipped:
         message += f"; skipped {len(outcome.plan.skipped)} that made paid calls (replay by id)"
     if outcome.push_warning:
         message += f"; {outcome.push_warning}"
-    return _back("/dlq", message)
+    return redirect_back("/dlq", message)
 
 
 # Caps and audit ----------------------------------------------------------------------------
@@ -559,7 +559,7 @@ async def set_cap(
     try:
         agent, amount = parse_cap({"agent": form.get("agent"), "usd": str(form.get("usd") or "")})
     except InputError as exc:
-        return _back("/caps", exc.message)
+        return redirect_back("/caps", exc.message)
     old, new = await spend.set_cap(
         services.engine,
         agent,
@@ -567,7 +567,7 @@ async def set_cap(
         approved_by=principal.name,
         reason=str(form.get("reason") or "").strip() or None,
     )
-    return _back("/caps", f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}")
+    return redirect_back("/caps", f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}")
 
 
 @page(Role.VIEWER)
@@ -579,7 +579,7 @@ async def audit_page(
     return render(request, "audit.html", principal=principal, session=session, entries=entries)
 
 
-def _back(path: str, message: str) -> Response:
+def redirect_back(path: str, message: str) -> Response:
     """Post/redirect/get: the outcome travels as a query parameter, shown as text."""
     return RedirectResponse(f"{path}?{urlencode({'message': message})}", status_code=303)
 

@@ -15,7 +15,7 @@ from starlette.routing import BaseRoute, Route
 from .. import tokens
 from ..tokens import Principal, Role
 from .auth import Session
-from .pages import _back, page, render
+from .pages import redirect_back, page, render
 from .services import Services
 
 
@@ -52,7 +52,7 @@ async def revoke(
         await tokens.revoke(services.engine, name, actor=principal.name)
     except tokens.TokenError as exc:
         return await _shown(request, services, principal, session, 400, str(exc))
-    return _back("/tokens", f"token {name} is revoked")
+    return redirect_back("/tokens", f"token {name} is revoked")
 
 
 async def _shown(
