@@ -48,6 +48,7 @@ from .inputs import (
     blank,
     checked,
     optional_str,
+    parse_after,
     parse_cap,
     parse_count,
     parse_limit,
@@ -193,7 +194,7 @@ async def job_events(request: Request, services: Services, principal: Principal)
     unknown = set(query) - {"after", "limit"}
     if unknown:
         raise InputError(400, f"unknown parameter {sorted(unknown)[0]!r}")
-    after = parse_after(query.get("after", request.headers.get("last-event-id")))
+    after = parse_after(request)
     limit = parse_limit(query.get("limit"), bodies.MAX_LIST)
     async with services.engine.connect() as conn:
         job = await queries.get_job(conn, job_id)
@@ -218,15 +219,6 @@ async def stream_events(services: Services, job_id: str, after: int) -> Any:
         async for event in events.follow(services.engine, job_id, after):
             body = bodies.JobEvent.model_validate(event.as_dict()).model_dump(mode="json")
             yield ServerSentEvent(data=json.dumps(body), event=event.kind, id=str(event.seq))
-
-
-def parse_after(text: str | None) -> int:
-    """The seq a client saw last: 0 when absent, else a whole number of at most 9 digits."""
-    if text is None or text == "":
-        return 0
-    if not (text.isascii() and text.isdigit() and len(text) <= 9):
-        raise InputError(400, f"after (or Last-Event-ID) must be a whole number (got {text!r})")
-    return int(text)
 
 
 @endpoint(Role.OPERATOR)

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import catalog
 from ..models import GLOBAL
 from ..settings import ENV_PREFIX, Settings, SettingsError
-from . import api, approval_pages, pages, token_pages
+from . import api, approval_pages, pages, timeline_pages, token_pages
 from .auth import Denied, SecurityHeaders
 from .inputs import InputError
 from .openapi import document
@@ -88,6 +88,7 @@ def create_app(settings: Settings, secret: str) -> Starlette:
             *pages.routes(),
             *approval_pages.routes(),
             *token_pages.routes(),
+            *timeline_pages.routes(),
         ],
         # Outermost first: the security headers go on every response, the 500s too.
         middleware=[Middleware(SecurityHeaders), Middleware(Unexpected)],

@@ -21,7 +21,7 @@ from ..budget_asks import BUDGET
 from ..tokens import Principal, Role
 from .auth import Session
 from .inputs import InputError, blank
-from .pages import redirect_back, page, render
+from .pages import page, redirect_back, render
 from .services import Services
 
 MAX_REASON = 2000

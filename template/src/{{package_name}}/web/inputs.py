@@ -70,6 +70,17 @@ def parse_limit(text: str | None, most: int = bodies.MAX_LIST) -> int:
     return int(text)
 
 
+def parse_after(request: Any) -> int:
+    """The seq of the last event a client saw: its Last-Event-ID header (what EventSource
+    sends when it reconnects), else `after`, else 0; a whole number of at most 9 digits."""
+    text = request.headers.get("last-event-id") or request.query_params.get("after")
+    if text is None or text == "":
+        return 0
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise InputError(400, f"after (or Last-Event-ID) must be a whole number (got {text!r})")
+    return int(text)
+
+
 def blank(text: str | None) -> bool:
     """No character but whitespace (bodies.BLANK, the set the document's pattern uses)."""
     return text is None or re.search(bodies.NOT_BLANK, text) is None

@@ -23,11 +23,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, budgets, catalog, dlq, paid_calls, queries, spend
+from .. import actions, audit, budgets, catalog, dlq, events, paid_calls, queries, spend
 from ..models import GLOBAL
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
-from ..states import PARKED, JobState
+from ..states import PARKED, TERMINAL, JobState
 from ..tokens import Principal, Role, authenticate
 from . import job_facts
 from .auth import SESSION_COOKIE, Denied, Session, Sessions, check_csrf, session_principal
@@ -73,6 +73,7 @@ TEMPLATES.filters.update(
     usd=usd, as_json=as_json, when=when, cap_label=spend.cap_label, duration=job_facts.duration
 )
 PAGE_SIZE = 50
+TIMELINE_ROWS = 200  # the job page's latest events; `jobs watch JOB --after N` has the rest
 CHART_BUCKETS = 12  # five-minute bars over the last hour
 CHART_BUCKET = timedelta(minutes=5)
 
@@ -372,9 +373,17 @@ async def job_page(
         calls = await paid_calls.calls_of(conn, job_id)
         entries = await audit.entries(conn, target=job_id)
         cost = await budgets.cost_of(conn, job_id, job.budget_id)
+        # The timeline starts from the latest events; timeline.js follows on from there.
+        start = max(job.event_seq - TIMELINE_ROWS, 0)
+        timeline = await events.read_after(conn, job_id, start, limit=TIMELINE_ROWS)
+        trimmed = await events.trimmed(conn, job_id)
     return render(
         request,
         "job.html",
+        timeline=timeline,
+        trimmed=trimmed,
+        timeline_after=timeline[-1].seq if timeline else start,
+        live=job.state not in TERMINAL | PARKED,
         principal=principal,
         session=session,
         job=job,
@@ -484,9 +493,13 @@ async def dlq_resolve(
     cause, limit_text = str(form.get("cause_id") or ""), str(form.get("limit") or "")
     outcome, note = str(form.get("outcome") or ""), str(form.get("note") or "").strip()
     if not cause or not limit_text.isdigit() or int(limit_text) < 1:
-        return redirect_back("/dlq", "resolving needs a cause and a limit: a whole number, 1 or more")
+        return redirect_back(
+            "/dlq", "resolving needs a cause and a limit: a whole number, 1 or more"
+        )
     if outcome not in dlq.OUTCOMES or not note:
-        return redirect_back("/dlq", "choose an outcome and write a note saying what the provider showed")
+        return redirect_back(
+            "/dlq", "choose an outcome and write a note saying what the provider showed"
+        )
     try:
         resolved = await actions.resolve_cause(
             services.settings,
@@ -511,7 +524,9 @@ async def dlq_replay(
     cause, limit_text = str(form.get("cause_id") or ""), str(form.get("limit") or "")
     reason = str(form.get("reason") or "").strip() or None
     if not cause or not limit_text.isdigit() or int(limit_text) < 1:
-        return redirect_back("/dlq", "a replay needs a cause and a limit: a whole number, 1 or more")
+        return redirect_back(
+            "/dlq", "a replay needs a cause and a limit: a whole number, 1 or more"
+        )
     try:
         outcome = await actions.replay(
             services.settings,
@@ -567,7 +582,9 @@ async def set_cap(
         approved_by=principal.name,
         reason=str(form.get("reason") or "").strip() or None,
     )
-    return redirect_back("/caps", f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}")
+    return redirect_back(
+        "/caps", f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}"
+    )
 
 
 @page(Role.VIEWER)

@@ -15,7 +15,7 @@ from starlette.routing import BaseRoute, Route
 from .. import tokens
 from ..tokens import Principal, Role
 from .auth import Session
-from .pages import redirect_back, page, render
+from .pages import page, redirect_back, render
 from .services import Services
 
 
