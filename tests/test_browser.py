@@ -33,4 +33,4 @@ def test_the_console_of_a_rendered_example_passes_its_browser_tests(
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert re.search(r"\b8 passed\b", summary) and "skipped" not in summary, summary
+    assert re.search(r"\b9 passed\b", summary) and "skipped" not in summary, summary
