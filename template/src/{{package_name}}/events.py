@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -284,7 +284,7 @@ async def follow(
 
 @dataclass
 class _Pending:
-    events: list[New] = field(default_factory=list)
+    events: deque[New]
     dropped: Counter[str] = field(default_factory=Counter)
 
 
@@ -303,10 +303,12 @@ class EventBuffer:
 
     def add(self, job_id: str, event: New) -> None:
         """Queue `event` of `job_id` for the next write (it returns at once)."""
-        pending = self._pending.setdefault(job_id, _Pending())
+        pending = self._pending.get(job_id)
+        if pending is None:
+            pending = self._pending[job_id] = _Pending(deque(maxlen=self.keep))
+        if len(pending.events) == self.keep:  # the oldest makes room, counted
+            pending.dropped[pending.events[0].kind] += 1
         pending.events.append(event)
-        if len(pending.events) > self.keep:
-            pending.dropped[pending.events.pop(0).kind] += 1
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon())
 
