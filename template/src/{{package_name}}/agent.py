@@ -11,9 +11,10 @@ this module is all an agent module needs to import.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from decimal import Decimal
@@ -164,7 +165,16 @@ class AgentContext:
         if self.limits is None:
             raise RuntimeError("ctx.limit needs the context the runner gives an agent")
         left = None if self.deadline is None else self.deadline - asyncio.get_running_loop().time()
-        return self.limits.hold(name, tokens=tokens, left_s=left)
+        return self._noting_waits(self.limits.hold(name, tokens=tokens, left_s=left))
+
+    @contextlib.asynccontextmanager
+    async def _noting_waits(self, held: AbstractAsyncContextManager[Grant]) -> AsyncIterator[Grant]:
+        """The held place, with a `limit_wait` event when taking it had to wait."""
+        async with held as grant:
+            if grant.waited_s and self.events is not None:
+                waited = {"limit": grant.name, "waited_s": round(grant.waited_s, 3)}
+                self.events.note("limit_wait", waited)
+            yield grant
 
     async def paid_call(
         self,

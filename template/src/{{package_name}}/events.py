@@ -367,3 +367,7 @@ class Emitter:
 
     def emit(self, kind: str, data: Any = None) -> None:
         self.buffer.add(self.job_id, New(kind, check(kind, data), self.attempt))
+
+    def note(self, kind: str, data: dict[str, Any]) -> None:
+        """An event of the service's own kinds (a limit wait), written with the emitted."""
+        self.buffer.add(self.job_id, New(kind, data, self.attempt))

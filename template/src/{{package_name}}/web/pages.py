@@ -377,9 +377,11 @@ async def job_page(
         start = max(job.event_seq - TIMELINE_ROWS, 0)
         timeline = await events.read_after(conn, job_id, start, limit=TIMELINE_ROWS)
         trimmed = await events.trimmed(conn, job_id)
+        children = await queries.children_of(conn, job_id)
     return render(
         request,
         "job.html",
+        children=children,
         timeline=timeline,
         trimmed=trimmed,
         timeline_after=timeline[-1].seq if timeline else start,
