@@ -25,7 +25,7 @@ import structlog
 from sqlalchemy import and_, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, budgets, job_store, spend
+from . import audit, budgets, events, job_store, spend
 from .budget_asks import BUDGET
 from .db import transaction
 from .models import approvals, jobs
@@ -105,6 +105,8 @@ async def request(
                     expires_at=expires,
                 )
             )
+            asked = {"name": name, "summary": str(summary)}
+            await events.append(conn, job_id, [events.New("approval_requested", asked)], now=now)
     if row is not None and row.state != "pending":
         return Decision(
             approved=row.state == "approved",
@@ -235,6 +237,8 @@ async def _decide(
     )
     if recorded.rowcount != 1:
         raise ApprovalError(f"job {job_id} has no pending approval {name!r}; nothing changed")
+    decided = {"name": name, "outcome": outcome, "by": by, "reason": reason}
+    await events.append(conn, job_id, [events.New("approval_decided", decided)], now=now)
     if outcome != "expired":
         await audit.record(
             conn,

@@ -26,6 +26,7 @@ import structlog
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from . import events
 from .db import transaction
 from .models import approvals
 from .spend import SpendDenied, Stop, to_usd
@@ -80,5 +81,7 @@ async def ask(engine: AsyncEngine, job_id: str, call: str, denied: SpendDenied) 
             await conn.execute(insert(approvals).values(job_id=job_id, name=BUDGET, **values))
         else:
             await conn.execute(update(approvals).where(approvals.c.id == found).values(**values))
+        asked = {"name": BUDGET, "summary": values["summary"]}
+        await events.append(conn, job_id, [events.New("approval_requested", asked)], now=now)
     log.warning("job_waits_for_budget", job_id=job_id, call=call, stop=stop.kind, why=str(denied))
     raise Wait(approval_reason(BUDGET))

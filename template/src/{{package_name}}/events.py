@@ -52,6 +52,8 @@ SERVICE_KINDS = frozenset(
         "child_spawned",
         "child_settled",
         "limit_wait",
+        "approval_requested",
+        "approval_decided",
         "trimmed",
     }
 )
