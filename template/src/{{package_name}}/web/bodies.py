@@ -22,6 +22,7 @@ MAX_TEXT = 2000  # a reason or a note
 MAX_OWNER = 200
 MAX_LIST = 500  # rows one listing returns
 MAX_BATCH = 10_000  # jobs one replay or resolve by cause may touch
+SEQ_MAX = 2**31 - 1  # the largest event seq (job_events.seq is a 32-bit integer)
 
 Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 Usd = Annotated[str, Field(description="Dollars as a decimal string, never a float.")]

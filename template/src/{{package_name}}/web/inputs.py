@@ -72,12 +72,20 @@ def parse_limit(text: str | None, most: int = bodies.MAX_LIST) -> int:
 
 def parse_after(request: Any) -> int:
     """The seq of the last event a client saw: its Last-Event-ID header (what EventSource
-    sends when it reconnects), else `after`, else 0; a whole number of at most 9 digits."""
-    text = request.headers.get("last-event-id") or request.query_params.get("after")
-    if text is None or text == "":
-        return 0
-    if not (text.isascii() and text.isdigit() and len(text) <= 9):
-        raise InputError(400, f"after (or Last-Event-ID) must be a whole number (got {text!r})")
+    sends when it reconnects), else `after`, else 0. Each, when given, must be a whole number
+    from 0 to bodies.SEQ_MAX."""
+    header = _seq(request.headers.get("last-event-id") or None, "the Last-Event-ID header")
+    query = _seq(request.query_params.get("after"), "after")
+    return header if header is not None else query or 0
+
+
+def _seq(text: str | None, what: str) -> int | None:
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) > bodies.SEQ_MAX:
+        raise InputError(
+            400, f"{what} must be a whole number from 0 to {bodies.SEQ_MAX} (got {text!r})"
+        )
     return int(text)
 
 

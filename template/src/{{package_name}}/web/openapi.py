@@ -26,7 +26,7 @@ _ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "500": _ERROR}
 _JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": bodies.MAX_LIST, "default": 50}
 _STATES = {"type": "string", "enum": [s.value for s in JobState]}
-_AFTER = {"type": "integer", "minimum": 0, "default": 0}
+_AFTER = {"type": "integer", "minimum": 0, "maximum": bodies.SEQ_MAX, "default": 0}
 
 REQUESTS: tuple[type[BaseModel], ...] = (
     bodies.SubmitJob,
