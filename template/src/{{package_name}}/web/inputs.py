@@ -74,7 +74,7 @@ def parse_after(request: Any) -> int:
     """The seq of the last event a client saw: its Last-Event-ID header (what EventSource
     sends when it reconnects), else `after`, else 0. Each, when given, must be a whole number
     from 0 to bodies.SEQ_MAX."""
-    header = _seq(request.headers.get("last-event-id") or None, "the Last-Event-ID header")
+    header = _seq(request.headers.get("last-event-id"), "the Last-Event-ID header")
     query = _seq(request.query_params.get("after"), "after")
     return header if header is not None else query or 0
 
