@@ -232,6 +232,16 @@ async def read_after(
     return [Event(r.seq, r.at, r.kind, r.attempt, r.data) for r in rows]
 
 
+async def page_after(
+    conn: AsyncConnection, job_id: str, seq: int, *, limit: int
+) -> tuple[list[Event], Event | None]:
+    """The job's events after `seq` (`read_after`), and the summary of trimmed ones when
+    some after `seq` are gone (the page does not start right after it)."""
+    page = await read_after(conn, job_id, seq, limit=limit)
+    gone = bool(page) and page[0].seq > seq + 1
+    return page, await trimmed(conn, job_id) if gone else None
+
+
 async def trimmed(conn: AsyncConnection, job_id: str) -> Event | None:
     """The summary of the job's trimmed events (seq 0), if any were trimmed."""
     row = (
@@ -270,9 +280,7 @@ async def follow(
             state = await conn.scalar(select(jobs.c.state).where(jobs.c.id == job_id))
             if state is None:
                 raise NoSuchJob(f"no job with id {job_id}")
-            page = await read_after(conn, job_id, after, limit=500)
-            gap = bool(page) and page[0].seq > after + 1
-            summary = await trimmed(conn, job_id) if gap else None
+            page, summary = await page_after(conn, job_id, after, limit=500)
         if summary is not None:
             yield replace(summary, seq=page[0].seq - 1)
         for event in page:

@@ -202,8 +202,7 @@ async def job_events(request: Request, services: Services, principal: Principal)
             raise InputError(404, f"no job with id {job_id}")
         if "text/event-stream" in request.headers.get("accept", ""):
             return EventSourceResponse(stream_events(services, job_id, after), ping=STREAM_PING_S)
-        page = await events.read_after(conn, job_id, after, limit=limit)
-        trimmed = await events.trimmed(conn, job_id) if page and page[0].seq > after + 1 else None
+        page, trimmed = await events.page_after(conn, job_id, after, limit=limit)
     body = {
         "events": [e.as_dict() for e in page],
         "trimmed": None if trimmed is None else trimmed.as_dict(),
