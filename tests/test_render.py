@@ -4,9 +4,9 @@ Fast checks run for every example, edge and adversarial answer set (tests/answer
 every Redis provider with each TLS mode it allows: nothing left unrendered, portable file
 names, the answers file Copier needs for updates, ruff and mypy clean. The slow tests install
 rendered services and run their own generated suites against a real Redis and a real
-PostgreSQL (and SQLite): the whole suite for the sets in FULL (every test on both
-databases), the fast tier (unit, integration and agent tests, on the database the set
-answered) for the others; and they run the demo end to end.
+PostgreSQL (and SQLite): the whole suite for the sets of the full tier, the fast tier (unit,
+integration and agent tests) for the others, each on the database the set answered and
+research-pipeline's on both (BOTH_DATABASES); and they run the demo end to end.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ TIERS = {
     **{path.stem: tier_of(path) for path in ADVERSARIAL_FILES},
 }
 FAST_TIER = ["tests/unit", "tests/integration", "tests/agents"]
+# The one answer set whose generated suite runs every test on both databases, so that each
+# database meets every test; the other sets run theirs on the database they answered.
+BOTH_DATABASES = "research-pipeline"
 # Test processes per generated suite (pytest-xdist): its tests wait on workers, Redis and
 # PostgreSQL more than they compute, so three share two cores well.
 GENERATED_WORKERS = "3"
@@ -250,6 +253,12 @@ def pair_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pairs") / "out"
 
 
+# The unit tests read neither Redis answer (the test after the pairs keeps that true): the
+# provider changes only doctor's fix text and the docs, the TLS mode the settings' default. So a
+# pair's unit tests run once per TLS mode, on its first provider, instead of on all 20 pairs.
+UNIT_PAIRS = {next(pair for pair in PROVIDER_TLS if pair[1] == tls) for _, tls in PROVIDER_TLS}
+
+
 @pytest.mark.parametrize(
     ("provider", "tls"), [pytest.param(*pair, id="-".join(pair)) for pair in PROVIDER_TLS]
 )
@@ -259,7 +268,8 @@ def test_every_provider_with_each_tls_mode_renders_clean_and_passes_its_unit_tes
     """Doctor's fixes, the runbook and the TLS settings depend on these two answers.
 
     Each pair is rendered afresh over the last one (see `pair_project`) and run from src/
-    without installing it.
+    without installing it. Ruff and mypy check every pair; the unit tests run for one
+    provider of each TLS mode (see UNIT_PAIRS).
     """
     shutil.rmtree(pair_project, ignore_errors=True)
     project = render(
@@ -275,12 +285,27 @@ def test_every_provider_with_each_tls_mode_renders_clean_and_passes_its_unit_tes
         assert result.returncode == 0, result.stdout + result.stderr
     typed = mypy(project, mypy_cache)
     assert typed.returncode == 0, typed.stdout + typed.stderr
+    if (provider, tls) not in UNIT_PAIRS:
+        return
     unit = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"],
         project,
         PYTHONPATH=str(project / "src"),
     )
     assert unit.returncode == 0, unit.stdout[-4000:] + unit.stderr[-2000:]
+
+
+def test_the_unit_tests_read_neither_redis_answer() -> None:
+    """Why UNIT_PAIRS may run a pair's unit tests once per TLS mode: a unit test that read the
+    provider or the TLS mode would need every pair again."""
+    unit_tests = (REPO_ROOT / "template" / "tests" / "unit").rglob("*")
+    readers = [
+        path.name
+        for path in unit_tests
+        if path.is_file() and re.search(r"(?i)redis_(provider|tls)", path.read_text())
+    ]
+    assert readers == []
+    assert {tls for _, tls in UNIT_PAIRS} == {tls for _, tls in PROVIDER_TLS}
 
 
 # Slow: install rendered examples and run what their users run. ---------------------------
@@ -324,23 +349,31 @@ def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
         )
     project = render(template_repo, tmp_path / name, ANSWER_SETS[name])
     install(project)
-    fast = TIERS[name] == "fast"
-    selection = FAST_TIER if fast else []
+    selection = FAST_TIER if TIERS[name] == "fast" else []
     pytest_args = ["-q", "-p", "no:cacheprovider", "-n", GENERATED_WORKERS, *selection]
     result = run(
         [sys.executable, "-m", "pytest", *pytest_args],
         project,
         timeout=900,
         TEST_DATABASE_URL=database_url,
-        # A fast tier runs on the database its answers chose; the full tiers run every test
-        # on both, so each database meets every test there.
-        TEST_DATABASES=ANSWER_SETS[name].get("database", "sqlite") if fast else "",
+        TEST_DATABASES=databases_of(name),
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, (
         failed_tests(result.stdout) + result.stdout[-6000:] + result.stderr[-3000:]
     )
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+
+
+def databases_of(name: str) -> str:
+    """$TEST_DATABASES for the generated suite of answer set `name` ("" = both)."""
+    return "" if name == BOTH_DATABASES else ANSWER_SETS[name].get("database", "sqlite")
+
+
+def test_each_database_meets_every_generated_test_in_a_full_tier() -> None:
+    assert TIERS[BOTH_DATABASES] == "full" and databases_of(BOTH_DATABASES) == ""
+    full = {databases_of(name) for name in TIERS if TIERS[name] == "full"}
+    assert {"sqlite", "postgresql"} <= full, "a full tier on each database the others answered"
 
 
 def failed_tests(output: str) -> str:
