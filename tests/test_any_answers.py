@@ -82,6 +82,8 @@ def agent_specs(draw: st.DrawFn, agent_names: list[str]) -> dict[str, dict[str, 
             spec["job_budget_usd"] = draw(st.sampled_from([0.05, 2, 12.5, 1000000]))
         if spec["paid"] and draw(st.integers(0, 3)) == 0:
             spec["on_budget"] = draw(st.sampled_from(["deny", "wait"]))
+        if draw(st.integers(0, 3)) == 0:
+            spec["deadline_s"] = draw(st.sampled_from([1, 3600, 31536000]))
         others = [other for other in agent_names if other != name]
         if others and draw(st.integers(0, 3)) == 0:
             spec["fans_out_to"] = draw(st.sampled_from(others))

@@ -292,7 +292,8 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(colour="red")],
         "write only the allowed keys for agent summarize (paid, timeout_s, lane, "
         "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, max_paid_calls, "
-        "job_budget_usd, on_budget, fans_out_to, limit, framework); it has unknown key(s) colour",
+        "job_budget_usd, on_budget, deadline_s, fans_out_to, limit, framework); it has unknown "
+        "key(s) colour",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -339,6 +340,17 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(paid="true", daily_cap_usd=5, on_budget="ask")],
         "write on_budget: deny or on_budget: wait for agent summarize (deny ends a job its "
         'budget or cap cannot cover; wait asks a person); its on_budget is "ask"',
+    ),
+    "zero-agent-deadline": (
+        [_agent(deadline_s=0)],
+        "write deadline_s: 3600 or another whole number of seconds from 1 to 31536000 (365 "
+        "days) for agent summarize, or leave it out for no run deadline; its deadline_s is 0",
+    ),
+    "agent-deadline-past-a-year": (
+        [_agent(deadline_s=31536001)],
+        "write deadline_s: 3600 or another whole number of seconds from 1 to 31536000 (365 "
+        "days) for agent summarize, or leave it out for no run deadline; its deadline_s is "
+        "31536001",
     ),
     "limit-without-keys": (
         ["limits={llm: {}}"],

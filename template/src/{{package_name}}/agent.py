@@ -70,6 +70,9 @@ class AgentConfig:
     # A paid call that a budget or a daily cap cannot cover: "deny" ends the job `denied`;
     # "wait" parks it on an approval named `budget` for a person to raise (budget_asks.py).
     on_budget: Literal["deny", "wait"] = "deny"
+    # Seconds from a job's submit to a terminal state, over all its attempts, deferrals and
+    # waits, unless its submit gives one (deadlines.py); None: no deadline.
+    deadline_s: int | None = None
 
 
 class AgentLimit(Enum):

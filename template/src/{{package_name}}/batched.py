@@ -33,6 +33,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from .db import sqlite_pragmas
+from .models import UTCDateTime, jobs
 from .queries import Job
 from .states import JobState
 
@@ -384,8 +385,8 @@ SQLITE_EVENT_SQL = (
 )
 # The data of a completion's `attempt_ended` event, as job_store._finish writes it.
 COMPLETED_EVENT = json.dumps({"outcome": "completed", "state": "completed"})
-_SQLITE_TIMES = {"run_after", "lease_expires_at", "created_at", "updated_at", "claimed_at"}
-_SQLITE_TIMES |= {"finished_at"}
+# The job row's times, which SQLite returns as text: every UTCDateTime column of `jobs`.
+_SQLITE_TIMES = frozenset(c.name for c in jobs.c if isinstance(c.type, UTCDateTime))
 
 
 @contextmanager

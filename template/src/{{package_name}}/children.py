@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import audit, job_store, queries
+from . import audit, deadlines, job_store, queries
 from .db import transaction
 from .errors import InvalidPayload
 from .queue import JobQueue, Push, QueueUnavailable
@@ -72,6 +72,7 @@ async def spawn(
     lane = route.lane
     if not isinstance(payload, dict):
         raise InvalidPayload("a child's payload must be a dict")
+    now = datetime.now(UTC)
     async with transaction(engine) as conn:
         child_id, created = await job_store.enqueue_child(
             conn,
@@ -81,8 +82,9 @@ async def spawn(
             lane=lane,
             payload=payload,
             max_attempts=route.max_attempts,
-            now=datetime.now(UTC),
+            now=now,
             budget_micros=route.budget_micros if budget_micros is None else budget_micros,
+            deadline_at=deadlines.due(now, route.deadline_s),
         )
         state = None if created else (await queries.get_job(conn, child_id))
     # A child recorded by a run that died before pushing it is pushed now (arq refuses a

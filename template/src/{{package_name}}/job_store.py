@@ -71,6 +71,7 @@ async def enqueue(
     run_after: datetime | None = None,
     priority: int = 0,
     budget_micros: int | None = None,
+    deadline_at: datetime | None = None,
 ) -> tuple[str, bool]:
     """Insert a `queued` job; return (id, created). A repeated idempotency key returns the
     existing job's id with created=False."""
@@ -84,6 +85,7 @@ async def enqueue(
         run_after=run_after,
         priority=priority,
         budget_micros=budget_micros,
+        deadline_at=deadline_at,
     )
     ((job_id, created),) = await enqueue_many(conn, [job], now=now)
     return job_id, created
@@ -103,9 +105,10 @@ class NewJob:
     run_after: datetime | None = None  # not before (a delayed job)
     priority: int = 0  # -1 low, 0 normal, 1 high
     budget_micros: int | None = None  # what the job (and its children) may spend in all
+    deadline_at: datetime | None = None  # when it must have finished (deadlines.py)
 
 
-# Rows per INSERT: 15 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+# Rows per INSERT: 16 columns each stays under SQLite's and asyncpg's bound-parameter limits.
 ENQUEUE_CHUNK = 1000
 
 
@@ -132,6 +135,7 @@ async def enqueue_many(
             "run_after": job.run_after,
             "priority": job.priority,
             "budget_id": None if job.budget_micros is None else job_id,
+            "deadline_at": job.deadline_at,
             "created_at": now,
             "updated_at": now,
         }
@@ -368,7 +372,8 @@ async def mark_in_doubt(
 
 
 async def replay(conn: AsyncConnection, job_id: str, *, budget: int, now: datetime) -> bool:
-    """An approved replay: back to `queued` with `budget` fresh attempts."""
+    """An approved replay: back to `queued` with `budget` fresh attempts and no deadline (a
+    person decided to run it again, whenever that is)."""
     stmt = _move(
         "replay",
         job_id,
@@ -377,6 +382,7 @@ async def replay(conn: AsyncConnection, job_id: str, *, budget: int, now: dateti
         finished_at=None,
         run_after=None,
         lease_expires_at=None,
+        deadline_at=None,
     )
     return await _moved(conn, stmt, job_id, _state("replay", attempts=budget), now)
 
@@ -426,6 +432,15 @@ async def decline(conn: AsyncConnection, job_id: str, *, reason: str, now: datet
     return await _settle(conn, stmt, job_id, _state("decline", reason=reason), now)
 
 
+async def expire(conn: AsyncConnection, job_id: str, *, reason: str, now: datetime) -> bool:
+    """The run deadline of a queued or waiting job passed: `failed`, with the reason (only
+    a job whose deadline is before `now`: one replayed since it was read has none)."""
+    stmt = _move(
+        "expire", job_id, now, waiting_for=None, finished_at=now, run_after=None, last_error=reason
+    ).where(jobs.c.deadline_at < now)
+    return await _settle(conn, stmt, job_id, _state("expire", reason=reason), now)
+
+
 async def enqueue_child(
     conn: AsyncConnection,
     *,
@@ -437,13 +452,17 @@ async def enqueue_child(
     max_attempts: int,
     now: datetime,
     budget_micros: int | None = None,
+    deadline_at: datetime | None = None,
 ) -> tuple[str, bool]:
     """Insert a `queued` child of `parent_id` under `key`, at most once per (parent, key);
     return (id, created). The child draws on its parent's budget, inside `budget_micros`
-    of its own when given (budgets.py)."""
+    of its own when given (budgets.py), and finishes by its parent's deadline, or by its
+    own `deadline_at` when that is sooner (deadlines.py)."""
     dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
     child_id = new_job_id()
     above = await budgets.covering(conn, parent_id)
+    inherited = await conn.scalar(select(jobs.c.deadline_at).where(jobs.c.id == parent_id))
+    deadline_at = min((d for d in (inherited, deadline_at) if d is not None), default=None)
     stmt = (
         dialect_insert(jobs)
         .values(
@@ -458,6 +477,7 @@ async def enqueue_child(
             parent_id=parent_id,
             child_key=key,
             budget_id=above if budget_micros is None else child_id,
+            deadline_at=deadline_at,
             created_at=now,
             updated_at=now,
         )

@@ -27,6 +27,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.engine import Dialect
 
@@ -59,6 +60,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         assert isinstance(value, datetime)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
+
+# The jobs with a deadline that may still pass it: queued or waiting (a running attempt
+# is bounded by its runner).
+LIVE = text("deadline_at IS NOT NULL AND state IN ('queued', 'waiting')")
 
 jobs = Table(
     "jobs",
@@ -97,10 +102,14 @@ jobs = Table(
     # 0009_events: the `seq` of the job's last event (events.py); each write of events adds
     # to it in the job row's lock, so a job's events commit in `seq` order.
     Column("event_seq", Integer, nullable=False, server_default="0"),
+    # 0010_deadlines: when the job must have reached a terminal state (deadlines.py), or None.
+    Column("deadline_at", UTCDateTime()),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),
     Index("uq_jobs_parent_id_child_key", "parent_id", "child_key", unique=True),
+    # Only the jobs the deadline sweep may fail, so the sweep never reads finished ones.
+    Index("ix_jobs_deadline_at_live", "deadline_at", postgresql_where=LIVE, sqlite_where=LIVE),
 )
 
 attempts = Table(

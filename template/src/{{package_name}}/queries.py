@@ -57,6 +57,7 @@ class Job:
     priority: int = 0
     budget_id: str | None = None  # the job whose budget covers this one (budgets.py)
     event_seq: int = 0  # the seq of its last event (events.py)
+    deadline_at: datetime | None = None  # when it must have finished (deadlines.py)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

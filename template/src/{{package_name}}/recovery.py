@@ -11,7 +11,9 @@ passes over the table, each paged by id (keyset, never OFFSET):
 3. `waiting` rows are otherwise left alone (they hold no lease and no arq entry), except
    those whose approval timed out (decided "expired") and parents whose children have all
    settled (a crash between the last child settling and its parent being queued): both
-   go back to `queued` and are pushed.
+   go back to `queued` and are pushed;
+4. `queued` and `waiting` rows past their run deadline are failed (deadlines.py; each
+   worker also does this every second).
 
 Redis is asked and pushed to in batches (one script call per thousand rows or more), so a
 large table costs few round trips. Any number of reconcilers may run at once (every worker
@@ -33,7 +35,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import approvals, children, job_store, paid_calls, queries, registry, replies
+from . import approvals, children, deadlines, job_store, paid_calls, queries, registry, replies
 from .db import create_engine, transaction
 from .queue import JobQueue, Push
 from .settings import Settings
@@ -63,6 +65,7 @@ class ReconcileReport:
     pushed: int = 0  # queued rows arq had lost, pushed again
     replies_sent: int = 0  # replies of completed jobs that had not been sent
     resumed: int = 0  # waiting jobs queued: approval timed out, or every child settled
+    past_deadline: int = 0  # queued or waiting jobs failed at their run deadline
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -88,6 +91,8 @@ async def reconcile(
     await _rescue_expired_leases(engine, queue, report, progress)
     await _push_lost_queued(engine, queue, report, progress)
     await _resume_waiting(engine, queue, report)
+    if not dry_run:
+        report.past_deadline = len(await deadlines.expire_due(engine, now=datetime.now(UTC)))
     if reply_steps and not dry_run:
         report.replies_sent = await replies.send_pending(engine, reply_steps)
     report.seconds = round(time.monotonic() - started, 3)
@@ -98,6 +103,7 @@ async def reconcile(
         or report.pushed
         or report.replies_sent
         or report.resumed
+        or report.past_deadline
     ):
         log.info("reconciled", **report.as_dict())
     return report

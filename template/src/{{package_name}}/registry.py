@@ -69,10 +69,14 @@ class Agent:
 
     @property
     def route(self) -> Route:
-        """Where its new jobs go: its lane, with its attempts and its per-job budget."""
+        """Where its new jobs go: its lane, with its attempts, its per-job budget and its
+        run deadline."""
         budget = self.config.job_budget_usd
         return Route(
-            self.config.lane, self.max_attempts, None if budget is None else to_micros(budget)
+            self.config.lane,
+            self.max_attempts,
+            None if budget is None else to_micros(budget),
+            self.config.deadline_s,
         )
 
 

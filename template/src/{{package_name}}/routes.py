@@ -13,12 +13,15 @@ from typing import NamedTuple
 
 
 class Route(NamedTuple):
-    """The lane a job of one agent is queued on, the attempts it may use and its budget."""
+    """The lane a job of one agent is queued on, the attempts it may use, its budget and
+    its run deadline."""
 
     lane: str
     max_attempts: int
     # Micro-dollars a job of it may spend in all (its agent's `job_budget_usd`), or None.
     budget_micros: int | None = None
+    # Seconds a job of it has from submit to a terminal state (its agent's `deadline_s`).
+    deadline_s: int | None = None
 
 
 # Each agent's route, by agent name.

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import (
     budgets,
+    deadlines,
     job_store,
     paid_calls,
     provider_errors,
@@ -53,6 +54,7 @@ from .states import PARKED, SETTLED, TERMINAL, JobState, target
 log = structlog.get_logger("runner")
 T = TypeVar("T")
 
+DEADLINE = deadlines.ERROR_CLASS
 # How soon arq should deliver a job again when the database could not be reached.
 DB_UNAVAILABLE_RETRY_S = 5
 # Added to a wait for a lease or run_after, so the next delivery lands after it.
@@ -325,8 +327,9 @@ async def settle_lost_last_attempt(runtime: Runtime, job_id: str) -> str:
 
 
 async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
-    """An outcome decided before the agent runs: a paid call left open by a dead worker
-    (in doubt), a paid agent without cap or budget (denied), or attempts used up."""
+    """An outcome decided before the agent runs: attempts used up, a paid call left open by
+    a dead worker (in doubt), a run deadline passed (failed), or a paid agent without cap
+    or budget (denied)."""
     job = run.job
     if job.attempts > job.max_attempts:
         lost = job_store.ErrorInfo(
@@ -334,12 +337,16 @@ async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
         )
         return Outcome.dead_lettered(lost)
     paid = run.agent is not None and run.agent.config.paid
+    past = job.deadline_at is not None and job.deadline_at <= _now()
     if job.attempts == 1 and not paid:
-        return None  # no earlier attempt could have left a paid call open; no cap to check
+        # No earlier attempt could have left a paid call open; no cap to check.
+        return Outcome.failed(deadlines.error(job)) if past else None
     async with runtime.engine.connect() as conn:
         if job.attempts > 1 and await paid_calls.has_open_call(conn, job.id):
             reason = "a paid call was open when its worker stopped; the provider may have charged"
             return Outcome.in_doubt(job_store.ErrorInfo("PaidCallInDoubt", reason))
+        if past:
+            return Outcome.failed(deadlines.error(job))
         if paid:
             refusal = await spend.exhausted(conn, job.agent, spend.utc_day(_now()))
             if refusal is not None:
@@ -348,11 +355,12 @@ async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
 
 
 async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT) -> Outcome:
-    """Run the agent under its timeout while a heartbeat keeps the lease."""
+    """Run the agent under its timeout, or what is left of its run deadline when that is
+    sooner, while a heartbeat keeps the lease."""
     job, agent, jlog = run.job, run.agent, run.log
     if agent is None:
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
-        return decide(runtime.policy, job, error, ())
+        return within_deadline(job, decide(runtime.policy, job, error, ()))
     paid = PaidCalls(
         runtime.engine,
         job.id,
@@ -364,9 +372,13 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         budget_id=job.budget_id,
     )
     durable = Durable(runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue)
-    timeout = min(
+    timeout: float = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )
+    left = deadlines.left_s(job.deadline_at, _now())
+    if left is not None and left < timeout:
+        timeout = left  # the run deadline comes first: its end fails the job, no retry
+    scope = asyncio.timeout(timeout)
     deadline = asyncio.get_running_loop().time() + timeout
     ctx = AgentContext(
         job.id,
@@ -383,13 +395,15 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
     )
     heartbeat = Heartbeat(runtime, job, jlog, admission)
     try:
-        async with asyncio.timeout(timeout):
+        async with scope:
             result = await agent.run(ctx, dict(job.payload))
         _check_result(result)
     except waiting.Wait as wait:
         return Outcome.waiting(wait.reason)
     except (Exception, spend.SpendDenied, PaidCallInDoubt) as exc:  # noqa: BLE001 - all recorded
-        return decide(runtime.policy, job, exc, agent.permanent_errors)
+        if timeout == left and scope.expired() and isinstance(exc, TimeoutError):
+            return Outcome.failed(deadlines.error(job))  # the deadline ended it, not a timeout
+        return within_deadline(job, decide(runtime.policy, job, exc, agent.permanent_errors))
     finally:
         await heartbeat.stop()
     return Outcome.completed(result)
@@ -421,6 +435,16 @@ def decide(
     return Outcome.retry(error, delay)
 
 
+def within_deadline(job: job_store.Job, outcome: Outcome) -> Outcome:
+    """A retry or deferral that would start at or after the job's run deadline fails now,
+    saying what its attempt failed with."""
+    if outcome.then is not Then.REQUEUE or job.deadline_at is None:
+        return outcome
+    if _now() + timedelta(seconds=outcome.delay_s) < job.deadline_at:
+        return outcome
+    return Outcome.failed(deadlines.error(job, after=outcome.error))
+
+
 def wait_s(
     policy: RetryPolicy,
     job: job_store.Job,
@@ -446,6 +470,8 @@ async def record_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> str:
     if run.job.parent_id is not None and state in SETTLED:
         await push_parent(runtime, run.job.parent_id, run.log)
     log_outcome(run.log, outcome, state)
+    if state is JobState.FAILED and outcome.error and outcome.error.error_class == DEADLINE:
+        await patiently(lambda: deadlines.end_tree(runtime.engine, run.job.id, now=_now()), run.log)
     if state in PARKED | TERMINAL and run.agent is not None and run.agent.config.paid:
         await observe_cost(runtime, run)
     if state is JobState.COMPLETED and run.reply is not None:

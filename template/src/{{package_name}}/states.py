@@ -53,6 +53,7 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
     "wait": (frozenset({A}), W),  # the run reached an undecided approval or unsettled children
     "resume": (WAITING, Q),  # the approval was decided, or the last child settled
     "decline": (WAITING, JobState.FAILED),  # a person rejected the job's approval
+    "expire": (RUNNABLE | WAITING, JobState.FAILED),  # its run deadline passed (deadlines.py)
 }
 
 

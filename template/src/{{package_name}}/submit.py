@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import structlog
 
-from . import job_store
+from . import deadlines, job_store
 from .budgets import BudgetRefused, parse_budget
 from .db import create_engine, transaction
 from .observe import tracing
@@ -62,6 +62,7 @@ class Submission:
     owner: str | None = None
     idempotency_key: str | None = None
     budget_usd: Decimal | str | None = None  # else the agent's job_budget_usd
+    deadline_s: int | None = None  # else the agent's deadline_s
 
 
 class Submitter:
@@ -105,10 +106,12 @@ class Submitter:
         run_at: datetime | None = None,
         priority: str = "normal",
         budget_usd: Decimal | str | None = None,
+        deadline_s: int | None = None,
     ) -> str:
         """Record the job, then queue it; returns the job id. `delay_s` or `run_at` (aware
         UTC, in the future) delays it; `priority` is "high", "normal" or "low"; `budget_usd`
-        is what it and its children may spend in all (else the agent's `job_budget_usd`)."""
+        is what it and its children may spend in all (else the agent's `job_budget_usd`);
+        `deadline_s` the seconds it has to finish in (else the agent's `deadline_s`)."""
         job_id, _created = await self.submit_or_get(
             agent,
             payload,
@@ -118,6 +121,7 @@ class Submitter:
             run_at=run_at,
             priority=priority,
             budget_usd=budget_usd,
+            deadline_s=deadline_s,
         )
         return job_id
 
@@ -132,17 +136,30 @@ class Submitter:
         run_at: datetime | None = None,
         priority: str = "normal",
         budget_usd: Decimal | str | None = None,
+        deadline_s: int | None = None,
     ) -> tuple[str, bool]:
         """`submit`, also saying whether the job is new: (job id, created). A repeated
         (owner, idempotency key) gives the existing job with created=False, not queued again."""
         checked = self.check(agent, payload)
-        run_after = due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
+        now = datetime.now(UTC)
+        run_after = due_at(now, delay_s=delay_s, run_at=run_at)
         rank = priority_rank(priority)
         budget = self.budget(agent, budget_usd)
-        with tracing.submit_span(agent, self.agents[agent].config.lane) as span:
-            return await self._submit(
-                agent, checked, owner, idempotency_key, span, run_after, rank, budget
-            )
+        deadline_at = self.deadline(agent, deadline_s, now=now, run_after=run_after)
+        row = job_store.NewJob(
+            agent=agent,
+            lane=self.agents[agent].config.lane,
+            payload=checked,
+            max_attempts=self.agents[agent].max_attempts,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            run_after=run_after,
+            priority=rank,
+            budget_micros=budget,
+            deadline_at=deadline_at,
+        )
+        with tracing.submit_span(agent, row.lane) as span:
+            return await self._submit(replace(row, trace_context=span.context), span, now)
 
     def budget(self, agent: str, budget_usd: Decimal | str | None) -> int | None:
         """The new job's budget in micro-dollars: the one given, else its agent's
@@ -154,43 +171,48 @@ class Submitter:
         except BudgetRefused as exc:
             raise SubmitError(str(exc)) from None
 
-    async def _submit(
+    def deadline(
         self,
         agent: str,
-        payload: dict[str, Any],
-        owner: str | None,
-        idempotency_key: str | None,
-        span: tracing.Submit,
-        run_after: datetime | None,
-        rank: int,
-        budget_micros: int | None,
+        deadline_s: int | None,
+        *,
+        now: datetime,
+        run_after: datetime | None = None,
+    ) -> datetime | None:
+        """When a job of `agent` submitted `now` must have finished: `deadline_s` from now,
+        else its agent's `deadline_s`, else None (SubmitError for one out of range, or one
+        that passes before a delayed job's first run)."""
+        if deadline_s is None:
+            deadline_s = self.agents[agent].route.deadline_s
+        else:
+            try:
+                deadline_s = deadlines.parse_deadline(deadline_s)
+            except deadlines.DeadlineRefused as exc:
+                raise SubmitError(str(exc)) from None
+        deadline_at = deadlines.due(now, deadline_s)
+        if deadline_at is not None and run_after is not None and run_after >= deadline_at:
+            raise SubmitError(
+                f"the job would first run {run_after.isoformat()}, at or after its deadline "
+                f"{deadline_at.isoformat()}; give a longer deadline_s or a shorter delay"
+            )
+        return deadline_at
+
+    async def _submit(
+        self, row: job_store.NewJob, span: tracing.Submit, now: datetime
     ) -> tuple[str, bool]:
-        config = self.agents[agent].config
-        row = job_store.NewJob(
-            agent=agent,
-            lane=config.lane,
-            payload=payload,
-            max_attempts=self.agents[agent].max_attempts,
-            owner=owner,
-            idempotency_key=idempotency_key,
-            trace_context=span.context,
-            run_after=run_after,
-            priority=rank,
-            budget_micros=budget_micros,
-        )
         async with transaction(self.engine) as conn:
-            ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=datetime.now(UTC))
+            ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=now)
         span.recorded(job_id)
         if not created:
-            log.info("job_exists", job_id=job_id, agent=agent)
+            log.info("job_exists", job_id=job_id, agent=row.agent)
             return job_id, False
         try:
             queue = await self._get_queue()
-            await queue.push_many([Push(job_id, config.lane, run_after, rank, agent)])
+            await queue.push_many([Push(job_id, row.lane, row.run_after, row.priority, row.agent)])
         except QueueUnavailable as exc:
-            log.warning("job_recorded_not_queued", job_id=job_id, agent=agent, error=str(exc))
+            log.warning("job_recorded_not_queued", job_id=job_id, agent=row.agent, error=str(exc))
             raise RecordedNotQueued(job_id, str(exc)) from exc
-        log.info("job_submitted", job_id=job_id, agent=agent, lane=config.lane)
+        log.info("job_submitted", job_id=job_id, agent=row.agent, lane=row.lane)
         return job_id, True
 
     async def submit_many(self, submissions: Iterable[Submission]) -> list[str]:
@@ -205,7 +227,7 @@ class Submitter:
         batch = list(submissions)
         for item in batch:
             self.check(item.agent, item.payload)
-        budgets = [self.budget(item.agent, item.budget_usd) for item in batch]
+        now = datetime.now(UTC)
         rows = [
             job_store.NewJob(
                 agent=item.agent,
@@ -214,12 +236,13 @@ class Submitter:
                 max_attempts=self.agents[item.agent].max_attempts,
                 owner=item.owner,
                 idempotency_key=item.idempotency_key,
-                budget_micros=budget,
+                budget_micros=self.budget(item.agent, item.budget_usd),
+                deadline_at=self.deadline(item.agent, item.deadline_s, now=now),
             )
-            for item, budget in zip(batch, budgets, strict=True)
+            for item in batch
         ]
         async with transaction(self.engine) as conn:
-            recorded = await job_store.enqueue_many(conn, rows, now=datetime.now(UTC))
+            recorded = await job_store.enqueue_many(conn, rows, now=now)
         ids = [job_id for job_id, _ in recorded]
         new = [
             Push(job_id, row.lane, agent=row.agent)
@@ -263,6 +286,7 @@ async def submit(
     delay_s: float | None = None,
     run_at: datetime | None = None,
     priority: str = "normal",
+    deadline_s: int | None = None,
 ) -> str:
     """Submit with a process-wide `Submitter` (one per event loop); returns the job id.
 
@@ -282,6 +306,7 @@ async def submit(
         delay_s=delay_s,
         run_at=run_at,
         priority=priority,
+        deadline_s=deadline_s,
     )
 
 

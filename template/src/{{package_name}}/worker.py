@@ -3,7 +3,8 @@
 `run_lanes` opens the runtime (database, Redis, the agents' registry, the gate and call
 limits, metrics) and runs each lane under its supervisor (lanes.py). Around the lanes it
 serves the HTTP probes, reconciles on a timer and at once when a lane reconnects to Redis,
-runs the schedules, and drains on SIGINT/SIGTERM: running jobs get their lane's timeout.
+fails queued and waiting jobs at their run deadline (every second), runs the schedules,
+and drains on SIGINT/SIGTERM: running jobs get their lane's timeout.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
-from . import catalog, registry, schedules
+from . import catalog, deadlines, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .events import EventBuffer
@@ -125,12 +127,13 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, _drain, supervisors, stopping, signum)
     recovery = None if burst else asyncio.create_task(_recover_periodically(runtime, reconnected))
+    sweep = None if burst else asyncio.create_task(_expire_deadlines(runtime))
     scheduler = None if burst else start_scheduler(runtime)
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
     try:
         await asyncio.gather(*(s.run() for s in supervisors))
     finally:
-        for task in (recovery, scheduler):
+        for task in (recovery, sweep, scheduler):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -211,3 +214,14 @@ async def _recover_periodically(runtime: Runtime, reconnected: asyncio.Event) ->
             await asyncio.wait_for(reconnected.wait(), runtime.settings.recovery_interval_s)
         reconnected.clear()
         await reconcile_guarded(runtime)
+
+
+async def _expire_deadlines(runtime: Runtime) -> None:
+    """Fail queued and waiting jobs at their run deadline, looking every second
+    (deadlines.py); a failure is logged and the next look tries again."""
+    while True:
+        await asyncio.sleep(deadlines.SWEEP_EVERY_S)
+        try:
+            await deadlines.expire_due(runtime.engine, now=datetime.now(UTC))
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("deadline_sweep_failed", error=f"{type(exc).__name__}: {exc}")

@@ -13,6 +13,7 @@ import typer
 from .. import actions, approvals, budgets, events, job_store, paid_calls, queries, steps
 from ..budgets import BudgetRefused, parse_budget
 from ..db import create_engine
+from ..deadlines import DeadlineRefused, parse_deadline
 from ..states import PARKED, TERMINAL
 from ..submit import SubmitError, Submitter, due_at, parse_delay, priority_rank
 from .app import app
@@ -59,6 +60,14 @@ def submit(
             help="What the job and its children may spend in all (default: the agent's).",
         ),
     ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            "--deadline-s",
+            help="SECONDS from now by which it must have finished, over all its attempts and "
+            "waits, or it fails (default: the agent's deadline_s).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Record a job and queue it; prints the job id."""
@@ -69,9 +78,10 @@ def submit(
         due_at(datetime.now(UTC), delay_s=delay_s, run_at=run_at)
         priority_rank(priority)
         parse_budget(budget_usd, field="--budget-usd")
+        deadline_s = None if deadline is None else parse_deadline(deadline, field="--deadline-s")
     except SubmitError as exc:
         fail(str(exc).replace("run_at", "--at").replace("a delay", "--delay"))
-    except BudgetRefused as exc:
+    except (BudgetRefused, DeadlineRefused) as exc:
         fail(str(exc))
     settings = load_settings()
 
@@ -87,6 +97,7 @@ def submit(
                 run_at=run_at,
                 priority=priority,
                 budget_usd=budget_usd,
+                deadline_s=deadline_s,
             )
             if not as_json:
                 return job_id

@@ -195,6 +195,7 @@ class Metrics:
             "dead_lettered",
             "replies_sent",
             "resumed",
+            "past_deadline",
         ):
             count = getattr(report, action)
             if count:

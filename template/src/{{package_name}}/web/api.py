@@ -36,6 +36,7 @@ from .. import (
     queries,
     spend,
 )
+from ..deadlines import DeadlineRefused, parse_deadline
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import JobState
@@ -58,7 +59,7 @@ from .services import Services
 
 BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest size
 STREAM_PING_S = 15  # a comment line this often keeps proxies from closing a quiet stream
-JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority", "budget_usd")
+JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority", "budget_usd", "deadline_s")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
 
 
@@ -90,6 +91,7 @@ async def submit_job(request: Request, services: Services, principal: Principal)
     request with the same Idempotency-Key (and owner) made."""
     body = await _json_object(request, JOB_FIELDS)
     agent, owner, delay_s, priority, budget_usd = _submission(body)
+    deadline_s = body.get("deadline_s")
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 200:
         raise InputError(400, "the Idempotency-Key header must be 1 to 200 characters")
@@ -101,6 +103,8 @@ async def submit_job(request: Request, services: Services, principal: Principal)
         priority_rank(priority)
         if budget_usd is not None:
             services.submitter.budget(agent, budget_usd)
+        if deadline_s is not None:
+            deadline_s = parse_deadline(deadline_s, field='"deadline_s"')
         checked(bodies.SubmitJob, body)
         job_id, created = await services.submitter.submit_or_get(
             agent,
@@ -110,8 +114,9 @@ async def submit_job(request: Request, services: Services, principal: Principal)
             delay_s=delay_s,
             priority=priority,
             budget_usd=budget_usd,
+            deadline_s=deadline_s,
         )
-    except SubmitError as exc:
+    except (SubmitError, DeadlineRefused) as exc:
         raise InputError(400, str(exc)) from None
     except RecordedNotQueued as exc:
         job_id, warning = exc.job_id, str(exc)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from ..deadlines import MAX_DEADLINE_S
 from ..dlq import OUTCOMES
 from ..states import JobState
 from ..submit import MAX_DELAY_S
@@ -67,6 +68,8 @@ class SubmitJob(Request):
     priority: Literal["high", "normal", "low"] = "normal"
     # Above 0 to 1000000 dollars in whole micro-dollars: what budgets.parse_budget takes.
     budget_usd: Annotated[str, Field(pattern=BUDGET_PATTERN)] | None = None
+    # Whole seconds from submit to a terminal state: what deadlines.parse_deadline takes.
+    deadline_s: Annotated[int, Field(ge=1, le=MAX_DEADLINE_S)] | None = None
 
 
 class Resolve(Request):
@@ -165,6 +168,9 @@ class Job(Response):
     priority: Literal["high", "normal", "low"]
     budget_id: str | None = Field(description="The job whose budget covers this one.")
     event_seq: int = Field(description="The seq of the job's last event (0: none yet).")
+    deadline_at: Time | None = Field(
+        description="When the job must have finished, or it fails (its run deadline)."
+    )
 
 
 class Attempt(Response):
