@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import audit, job_store, queries
@@ -114,16 +114,27 @@ def error(job: queries.Job, *, after: job_store.ErrorInfo | None = None) -> job_
     return job_store.ErrorInfo(ERROR_CLASS, message, after.traceback)
 
 
+def _due(now: datetime) -> Any:
+    """Queued or waiting jobs whose deadline passed before `now` (the partial index's rows)."""
+    return and_(
+        jobs.c.deadline_at.is_not(None),
+        jobs.c.state.in_([JobState.QUEUED.value, JobState.WAITING.value]),
+        jobs.c.deadline_at < now,
+    )
+
+
+async def count_due(engine: AsyncEngine, *, now: datetime) -> int:
+    """How many jobs `expire_due` would fail now (recover's dry run)."""
+    async with engine.connect() as conn:
+        return int(await conn.scalar(select(func.count()).where(_due(now))) or 0)
+
+
 async def expire_due(engine: AsyncEngine, *, now: datetime) -> list[str]:
     """Fail every queued or waiting job whose deadline passed before `now` (at most
     SWEEP_LIMIT per call), each in its own transaction with its tree; returns their ids."""
     found = (
         select(jobs.c.id, jobs.c.parent_id, jobs.c.deadline_at, jobs.c.created_at)
-        .where(
-            jobs.c.deadline_at.is_not(None),
-            jobs.c.state.in_([JobState.QUEUED.value, JobState.WAITING.value]),
-            jobs.c.deadline_at < now,
-        )
+        .where(_due(now))
         .order_by(jobs.c.deadline_at)
         .limit(SWEEP_LIMIT)
     )

@@ -91,7 +91,9 @@ async def reconcile(
     await _rescue_expired_leases(engine, queue, report, progress)
     await _push_lost_queued(engine, queue, report, progress)
     await _resume_waiting(engine, queue, report)
-    if not dry_run:
+    if dry_run:
+        report.past_deadline = await deadlines.count_due(engine, now=datetime.now(UTC))
+    else:
         report.past_deadline = len(await deadlines.expire_due(engine, now=datetime.now(UTC)))
     if reply_steps and not dry_run:
         report.replies_sent = await replies.send_pending(engine, reply_steps)
@@ -156,6 +158,9 @@ def summary(report: ReconcileReport) -> str:
         f"queued: {report.queued}, {report.pushed} missing from Redis {push} "
         f"({report.seconds:.1f} s)"
     )
+    if report.past_deadline:
+        failed = "would fail" if report.dry_run else "failed"
+        line += f"; {report.past_deadline} past their run deadline {failed}"
     return line + ("; dry run: nothing was changed" if report.dry_run else "")
 
 
