@@ -521,22 +521,45 @@ async def resume_if_children_settled(
     return await resume(conn, parent_id, now=now)
 
 
-async def prune(engine: Any, *, finished_before: datetime, states: frozenset[JobState]) -> int:
-    """Delete jobs in `states` that finished before `finished_before`, in batches (their
-    attempts, paid calls and replies go with them); returns how many."""
-    deleted = 0
-    while True:
+async def prune(
+    engine: Any,
+    *,
+    finished_before: datetime,
+    states: frozenset[JobState],
+    batch: int = 1000,
+    most_batches: int | None = None,
+) -> int:
+    """Delete jobs in `states` that finished before `finished_before`, `batch` jobs per
+    short transaction, with everything that is theirs (attempts, paid calls, replies, steps,
+    approvals, budgets, events); returns how many. `most_batches` bounds one call (the
+    recovery loop's share). The audit log is kept: it is the record of who did what.
+
+    A tree goes leaves first: a job is deleted only once its children are gone, and a child
+    only with its parent due too, so no kept job ever misses a child (a replayed parent
+    would spawn it again) and none points at a parent that is gone.
+    """
+    wanted = [state.value for state in states]
+    child, parent = jobs.alias("child"), jobs.alias("parent")
+    due = and_(jobs.c.state.in_(wanted), jobs.c.finished_at < finished_before)
+    parent_due = exists().where(
+        parent.c.id == jobs.c.parent_id,
+        parent.c.state.in_(wanted),
+        parent.c.finished_at < finished_before,
+    )
+    leaves = (
+        select(jobs.c.id)
+        .where(
+            due,
+            ~exists().where(child.c.parent_id == jobs.c.id),
+            or_(jobs.c.parent_id.is_(None), parent_due),
+        )
+        .limit(batch)
+    )
+    deleted = batches = 0
+    while most_batches is None or batches < most_batches:
+        batches += 1
         async with engine.begin() as conn:
-            ids = (
-                await conn.scalars(
-                    select(jobs.c.id)
-                    .where(
-                        jobs.c.state.in_([s.value for s in states]),
-                        jobs.c.finished_at < finished_before,
-                    )
-                    .limit(1000)
-                )
-            ).all()
+            ids = (await conn.scalars(leaves)).all()
             if not ids:
                 return deleted
             for table in (
@@ -550,6 +573,7 @@ async def prune(engine: Any, *, finished_before: datetime, states: frozenset[Job
             ):
                 await conn.execute(table.delete().where(table.c.job_id.in_(ids)))
             deleted += (await conn.execute(jobs.delete().where(jobs.c.id.in_(ids)))).rowcount
+    return deleted
 
 
 # Internals --------------------------------------------------------------------------------

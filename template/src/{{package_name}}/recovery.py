@@ -13,7 +13,9 @@ passes over the table, each paged by id (keyset, never OFFSET):
    settled (a crash between the last child settling and its parent being queued): both
    go back to `queued` and are pushed;
 4. `queued` and `waiting` rows past their run deadline are failed (deadlines.py; each
-   worker also does this every second).
+   worker also does this every second);
+5. with `keep_days`, completed and cancelled jobs that finished longer ago are deleted in
+   short batches, leaves of a tree first (job_store.prune; at most PRUNE_BATCHES a pass).
 
 Redis is asked and pushed to in batches (one script call per thousand rows or more), so a
 large table costs few round trips. Any number of reconcilers may run at once (every worker
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -39,12 +41,16 @@ from . import approvals, children, deadlines, job_store, paid_calls, queries, re
 from .db import create_engine, transaction
 from .queue import JobQueue, Push
 from .settings import Settings
-from .states import JobState
+from .states import TERMINAL, JobState
 
 log = structlog.get_logger("recovery")
 # Rows read per page; each page costs one query and a few Redis round trips.
 PAGE = 2000
 LOST_IN_PAID_CALL = "the worker stopped inside a paid call; the provider may have charged"
+# Retention: jobs deleted per transaction, and transactions per pass (a backlog of old jobs is
+# worked off over several passes, never in one long lock).
+PRUNE_BATCH = 500
+PRUNE_BATCHES = 20
 
 Progress = Callable[[int], None]
 # Opened with the number of rows to examine; yields the Progress of the pass (the CLI's bar).
@@ -66,6 +72,7 @@ class ReconcileReport:
     replies_sent: int = 0  # replies of completed jobs that had not been sent
     resumed: int = 0  # waiting jobs queued: approval timed out, or every child settled
     past_deadline: int = 0  # queued or waiting jobs failed at their run deadline
+    pruned: int = 0  # completed or cancelled jobs past the retention, deleted
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -79,12 +86,14 @@ async def reconcile(
     dry_run: bool = False,
     progress: Progress | None = None,
     reply_steps: Mapping[str, replies.ReplyFn] | None = None,
+    keep_days: int = 0,
 ) -> ReconcileReport:
     """One pass over the job table; safe to run from many workers at once.
 
     `progress` is called with the number of rows each page examined; `dry_run` reads
     everything and changes nothing; `reply_steps` (agent name -> its `reply`) also sends the
-    replies of completed jobs that are still pending.
+    replies of completed jobs that are still pending; `keep_days` (the setting
+    `retention_days`; 0 keeps all) deletes completed and cancelled jobs finished before then.
     """
     started = time.monotonic()
     report = ReconcileReport(dry_run=dry_run)
@@ -97,6 +106,14 @@ async def reconcile(
         report.past_deadline = len(await deadlines.expire_due(engine, now=datetime.now(UTC)))
     if reply_steps and not dry_run:
         report.replies_sent = await replies.send_pending(engine, reply_steps)
+    if keep_days and not dry_run:
+        report.pruned = await job_store.prune(
+            engine,
+            finished_before=datetime.now(UTC) - timedelta(days=keep_days),
+            states=TERMINAL,
+            batch=PRUNE_BATCH,
+            most_batches=PRUNE_BATCHES,
+        )
     report.seconds = round(time.monotonic() - started, 3)
     if not dry_run and (
         report.requeued
@@ -106,6 +123,7 @@ async def reconcile(
         or report.replies_sent
         or report.resumed
         or report.past_deadline
+        or report.pruned
     ):
         log.info("reconciled", **report.as_dict())
     return report
@@ -127,12 +145,15 @@ async def recover(
     steps = registry.load(settings).reply_steps
     queue = await JobQueue.connect(settings, conn_retries=0)
     engine = create_engine(settings)
+    keep = settings.retention_days
     try:
         if progress_bar is None:
-            return await reconcile(engine, queue, dry_run=dry_run, reply_steps=steps)
+            return await reconcile(
+                engine, queue, dry_run=dry_run, reply_steps=steps, keep_days=keep
+            )
         with progress_bar(await rows_to_examine(engine)) as progress:
             return await reconcile(
-                engine, queue, dry_run=dry_run, progress=progress, reply_steps=steps
+                engine, queue, dry_run=dry_run, progress=progress, reply_steps=steps, keep_days=keep
             )
     finally:
         await queue.close()
@@ -161,6 +182,8 @@ def summary(report: ReconcileReport) -> str:
     if report.past_deadline:
         failed = "would fail" if report.dry_run else "failed"
         line += f"; {report.past_deadline} past their run deadline {failed}"
+    if report.pruned:
+        line += f"; {report.pruned} finished jobs past the retention deleted"
     return line + ("; dry run: nothing was changed" if report.dry_run else "")
 
 

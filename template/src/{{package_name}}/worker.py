@@ -199,7 +199,10 @@ async def reconcile_guarded(runtime: Runtime) -> None:
     """Run recovery once; a failure is logged and never stops the worker."""
     try:
         report = await reconcile(
-            runtime.engine, runtime.queue, reply_steps=runtime.registry.reply_steps
+            runtime.engine,
+            runtime.queue,
+            reply_steps=runtime.registry.reply_steps,
+            keep_days=runtime.settings.retention_days,
         )
     except Exception as exc:  # noqa: BLE001 - recovery retries on its next run
         log.warning("reconcile_failed", error=f"{type(exc).__name__}: {exc}")

@@ -196,6 +196,7 @@ class Metrics:
             "replies_sent",
             "resumed",
             "past_deadline",
+            "pruned",
         ):
             count = getattr(report, action)
             if count:
