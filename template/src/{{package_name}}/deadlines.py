@@ -52,10 +52,11 @@ class DeadlineRefused(ValueError):
 
 
 def parse_deadline(value: object, *, field: str = "deadline_s") -> int:
-    """Whole seconds from 1 to MAX_DEADLINE_S (an int, or digits for the command line).
+    """Whole seconds from 1 to MAX_DEADLINE_S: an int, a float with nothing after the point
+    (JSON Schema's integer: `3600.0`), or digits for the command line.
 
-    >>> parse_deadline("3600", field="--deadline-s")
-    3600
+    >>> parse_deadline("3600", field="--deadline-s"), parse_deadline(3600.0)
+    (3600, 3600)
     >>> try:
     ...     parse_deadline(0)
     ... except DeadlineRefused as exc:
@@ -65,6 +66,8 @@ def parse_deadline(value: object, *, field: str = "deadline_s") -> int:
     seconds: object = value
     if isinstance(value, str) and value.strip().isdigit():
         seconds = int(value.strip())
+    elif isinstance(value, float) and value.is_integer():
+        seconds = int(value)
     if isinstance(seconds, bool) or not isinstance(seconds, int):
         seconds = None
     if seconds is None or not 1 <= seconds <= MAX_DEADLINE_S:

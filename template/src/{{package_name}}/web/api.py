@@ -103,8 +103,8 @@ async def submit_job(request: Request, services: Services, principal: Principal)
         priority_rank(priority)
         if budget_usd is not None:
             services.submitter.budget(agent, budget_usd)
-        if deadline_s is not None:
-            deadline_s = parse_deadline(deadline_s, field='"deadline_s"')
+        if deadline_s is not None:  # 3600.0 is an integer to JSON Schema: read as 3600
+            deadline_s = body["deadline_s"] = parse_deadline(deadline_s, field='"deadline_s"')
         checked(bodies.SubmitJob, body)
         job_id, created = await services.submitter.submit_or_get(
             agent,
