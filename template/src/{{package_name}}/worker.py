@@ -32,7 +32,7 @@ from .lanes import LaneSupervisor as LaneSupervisor
 from .lanes import worker_settings as worker_settings
 from .limits import CallLimits, Limiter
 from .limits.gate import Gate
-from .observe.http_server import HttpPortUnavailable, ProbeServer
+from .observe.http_server import ProbeServer
 from .observe.metrics import Metrics
 from .observe.probes import Readiness
 from .queue import JobQueue
@@ -117,12 +117,15 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
         LaneSupervisor(runtime, lane, burst=burst, stopping=stopping, reconnected=reconnected)
         for lane in lanes
     ]
+    http: ProbeServer | None = None
     try:
         http = await serve_http(runtime, supervisors, burst=burst)
-    except HttpPortUnavailable:
+        await reconcile_guarded(runtime)
+    except BaseException:  # a port in use, or cancelled while starting: close what is open
+        if http is not None:
+            await http.close()
         await close_runtime(runtime)
         raise
-    await reconcile_guarded(runtime)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, _drain, supervisors, stopping, signum)
