@@ -145,7 +145,7 @@ class Submitter:
         run_after = due_at(now, delay_s=delay_s, run_at=run_at)
         rank = priority_rank(priority)
         budget = self.budget(agent, budget_usd)
-        deadline_at = self.deadline(agent, deadline_s, now=now, run_after=run_after)
+        deadline_at = self.deadline(agent, deadline_s, now=now)
         row = job_store.NewJob(
             agent=agent,
             lane=self.agents[agent].config.lane,
@@ -171,17 +171,10 @@ class Submitter:
         except BudgetRefused as exc:
             raise SubmitError(str(exc)) from None
 
-    def deadline(
-        self,
-        agent: str,
-        deadline_s: int | None,
-        *,
-        now: datetime,
-        run_after: datetime | None = None,
-    ) -> datetime | None:
+    def deadline(self, agent: str, deadline_s: int | None, *, now: datetime) -> datetime | None:
         """When a job of `agent` submitted `now` must have finished: `deadline_s` from now,
-        else its agent's `deadline_s`, else None (SubmitError for one out of range, or one
-        that passes before a delayed job's first run)."""
+        else its agent's `deadline_s`, else None (SubmitError for one out of range). A
+        delayed job whose deadline comes first is taken, and fails at its deadline."""
         if deadline_s is None:
             deadline_s = self.agents[agent].route.deadline_s
         else:
@@ -189,13 +182,7 @@ class Submitter:
                 deadline_s = deadlines.parse_deadline(deadline_s)
             except deadlines.DeadlineRefused as exc:
                 raise SubmitError(str(exc)) from None
-        deadline_at = deadlines.due(now, deadline_s)
-        if deadline_at is not None and run_after is not None and run_after >= deadline_at:
-            raise SubmitError(
-                f"the job would first run {run_after.isoformat()}, at or after its deadline "
-                f"{deadline_at.isoformat()}; give a longer deadline_s or a shorter delay"
-            )
-        return deadline_at
+        return deadlines.due(now, deadline_s)
 
     async def _submit(
         self, row: job_store.NewJob, span: tracing.Submit, now: datetime
