@@ -91,16 +91,21 @@ def left_s(deadline_at: datetime | None, now: datetime) -> float | None:
     return max((deadline_at - now).total_seconds(), 0.0)
 
 
-def reason(deadline_at: datetime, created_at: datetime) -> str:
-    """The failure's message: when the deadline was and how long the job had.
+def when(deadline_at: datetime, created_at: datetime) -> str:
+    """The deadline and how long the job had, for its failure's message.
 
     >>> from datetime import UTC
     >>> at = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> reason(at + timedelta(seconds=90), at)
-    'its run deadline passed at 2026-01-01T00:01:30+00:00, 90 s after its submit'
+    >>> when(at + timedelta(seconds=90), at)
+    '2026-01-01T00:01:30+00:00, 90 s after its submit'
     """
     seconds = round((deadline_at - created_at).total_seconds())
-    return f"its run deadline passed at {deadline_at.isoformat()}, {seconds} s after its submit"
+    return f"{deadline_at.isoformat()}, {seconds} s after its submit"
+
+
+def reason(deadline_at: datetime, created_at: datetime) -> str:
+    """Why a job failed at its deadline."""
+    return f"its run deadline passed at {when(deadline_at, created_at)}"
 
 
 def error(job: queries.Job, *, after: job_store.ErrorInfo | None = None) -> job_store.ErrorInfo:
@@ -109,10 +114,9 @@ def error(job: queries.Job, *, after: job_store.ErrorInfo | None = None) -> job_
     assert job.deadline_at is not None
     if after is None:
         return job_store.ErrorInfo(ERROR_CLASS, reason(job.deadline_at, job.created_at))
-    seconds = round((job.deadline_at - job.created_at).total_seconds())
     message = (
-        f"its next try would start after its run deadline, {job.deadline_at.isoformat()} "
-        f"({seconds} s after its submit); that attempt: {after.error_class}: {after.message}"
+        f"its next try would start after its run deadline, {when(job.deadline_at, job.created_at)}"
+        f"; that attempt: {after.error_class}: {after.message}"
     )
     return job_store.ErrorInfo(ERROR_CLASS, message, after.traceback)
 
