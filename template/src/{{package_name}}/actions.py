@@ -1,7 +1,6 @@
 """Operator actions, one implementation for the CLI, the HTTP API and the web console:
-cancel a job, replay parked jobs, resolve an in-doubt job, decide an approval, say which
-caps may be set
-(template-owned: copier-agent-worker).
+cancel a job (running or not), replay parked jobs, resolve an in-doubt job, decide an
+approval, say which caps may be set (template-owned: copier-agent-worker).
 
 Each caller only reads its input and shows the outcome; the rules (an approver, a limit with
 a cause, never a possibly-spent job without the explicit override) and the audit rows live
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import approvals, catalog, children, dlq, queries, registry, spend
+from . import approvals, cancels, catalog, dlq, queries, registry, spend
 from .models import GLOBAL
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
@@ -56,12 +55,30 @@ def cap_target(agent: str) -> str:
 
 
 async def cancel(
-    engine: AsyncEngine, job_id: str, *, actor: str, with_children: bool = False
-) -> list[str]:
-    """Cancel a queued, waiting or parked job (and, `with_children`, its unsettled children
-    that are not running), one audit row each; returns the ids cancelled, the job first, or
-    an empty list when it was not cancellable (running, finished or unknown)."""
-    return await children.cancel(engine, job_id, by=actor, with_children=with_children)
+    settings: Settings,
+    engine: AsyncEngine,
+    job_id: str,
+    *,
+    actor: str,
+    with_children: bool = False,
+) -> cancels.Reach:
+    """Cancel a job wherever it is (and, `with_children`, its tree), one audit row each:
+    queued, waiting and parked jobs at once, running ones by their workers within a second
+    (cancels.py). Nothing reached: the job is finished or unknown. A parent that a
+    cancelled child was the last to settle is queued: it is pushed too."""
+    try:
+        queue: JobQueue | None = await JobQueue.connect(settings, conn_retries=0)
+    except QueueUnavailable:
+        queue = None  # the workers find a running job's request in its row
+    try:
+        reach = await cancels.cancel(
+            engine, job_id, by=actor, with_children=with_children, queue=queue
+        )
+    finally:
+        if queue is not None:
+            await queue.close()
+    await push(settings, engine, await queued_parents(engine, reach.cancelled))
+    return reach
 
 
 async def decide(

@@ -21,12 +21,12 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import audit, deadlines, job_store, queries
+from . import deadlines, job_store, queries
 from .db import transaction
 from .errors import InvalidPayload
 from .queue import JobQueue, Push, QueueUnavailable
 from .routes import Routes
-from .states import RUNNABLE, SETTLED, WAITING, JobState
+from .states import RUNNABLE, JobState
 from .steps import check_name
 from .waiting import Wait
 
@@ -141,39 +141,3 @@ async def resume_settled(engine: AsyncEngine, *, dry_run: bool = False) -> list[
                 now = datetime.now(UTC)
                 if await job_store.resume_if_children_settled(conn, push.job_id, now=now):
                     pushes.append(push)
-
-
-async def cancel(
-    engine: AsyncEngine, job_id: str, *, by: str, with_children: bool = False
-) -> list[str]:
-    """Cancel a queued, waiting or parked job (and, `with_children`, its unsettled children
-    that are not running), one audit row each; returns the ids cancelled, the job first.
-    An empty list: the job was running, finished or unknown, and nothing changed."""
-    now = datetime.now(UTC)
-    # Unsettled and not running: a running child cannot be cancelled (as for any job).
-    cancellable = (RUNNABLE | WAITING | {JobState.IN_DOUBT}) - SETTLED
-    async with transaction(engine) as conn:
-        if not await job_store.cancel(conn, job_id, now=now):
-            return []
-        cancelled = [job_id]
-        await audit.record(
-            conn,
-            actor=by,
-            action="cancel",
-            target=job_id,
-            details={"children": with_children},
-            now=now,
-        )
-        if with_children:
-            for child in await queries.children_of(conn, job_id):
-                if child.state in cancellable and await job_store.cancel(conn, child.id, now=now):
-                    cancelled.append(child.id)
-                    await audit.record(
-                        conn,
-                        actor=by,
-                        action="cancel",
-                        target=child.id,
-                        details={"parent_id": job_id},
-                        now=now,
-                    )
-    return cancelled

@@ -29,10 +29,10 @@ import structlog
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, job_store, queries
+from . import audit, cancels, job_store, queries
 from .db import transaction
 from .models import approvals, jobs
-from .states import RUNNABLE, WAITING, JobState
+from .states import JobState
 
 log = structlog.get_logger("deadlines")
 
@@ -190,28 +190,12 @@ def ancestors_first(rows: Sequence[Any]) -> list[Any]:
 
 
 async def cancel_descendants(conn: AsyncConnection, job_id: str, *, now: datetime) -> list[str]:
-    """Cancel the unsettled descendants of a job that failed at its deadline, except those
-    running (they are bounded by the same deadline) and those `in_doubt` (a person must
-    still say whether their paid call was charged); one audit row each, in `conn`'s
-    transaction. Returns their ids."""
-    cancellable = RUNNABLE | WAITING
-    cancelled: list[str] = []
-    parents = [job_id]
-    while parents:
-        parent = parents.pop()
-        for child in await queries.children_of(conn, parent):
-            parents.append(child.id)
-            if child.state in cancellable and await job_store.cancel(conn, child.id, now=now):
-                cancelled.append(child.id)
-                await audit.record(
-                    conn,
-                    actor=BY,
-                    action="cancel",
-                    target=child.id,
-                    details={"ancestor_id": job_id},
-                    now=now,
-                )
-    return cancelled
+    """Cancel the queued and waiting descendants of a job that failed at its deadline, one
+    audit row each, in `conn`'s transaction; running ones are bounded by the same deadline
+    and end by themselves, `in_doubt` ones still need a person. Returns their ids."""
+    reach = cancels.Reach()
+    await cancels.descendants(conn, job_id, reach, by=BY, now=now, running=False)
+    return reach.cancelled
 
 
 async def end_tree(engine: AsyncEngine, job_id: str, *, now: datetime) -> list[str]:

@@ -54,6 +54,7 @@ SERVICE_KINDS = frozenset(
         "limit_wait",
         "approval_requested",
         "approval_decided",
+        "cancel_requested",
         "trimmed",
     }
 )

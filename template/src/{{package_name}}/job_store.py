@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, exists, insert, or_, select, update
+from sqlalchemy import and_, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -38,10 +38,11 @@ from .queries import Job as Job
 # A plain name, no warning: the generated agent tests of earlier releases (user-owned, kept
 # by updates) read jobs with `job_store.get_job` under `filterwarnings = error`.
 from .queries import get_job as get_job
-from .states import SETTLED, JobState, sources, target
+from .states import RUNNABLE, SETTLED, WAITING, JobState, sources, target
 
 LEASE_EXPIRED = "the lease expired with no outcome recorded"
 ALL_ATTEMPTS_LOST = "the last attempt's worker stopped before recording an outcome"
+STOPPED_LOST = "asked to stop; its worker stopped before recording an outcome"
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,7 @@ async def claim(
             sql_state == JobState.ACTIVE.value,
             jobs.c.lease_expires_at < now,
             jobs.c.attempts < jobs.c.max_attempts,
+            jobs.c.cancel_requested_at.is_(None),  # recovery stops it instead
         ),
     )
     row = (
@@ -296,7 +298,9 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     """Recovery: an `active` job whose lease expired, with attempts left, goes back to
     `queued`."""
     stmt = _move("rescue", job_id, now, lease_expires_at=None, run_after=None).where(
-        jobs.c.lease_expires_at < now, jobs.c.attempts < jobs.c.max_attempts
+        jobs.c.lease_expires_at < now,
+        jobs.c.attempts < jobs.c.max_attempts,
+        jobs.c.cancel_requested_at.is_(None),
     )
     if not await _moved(conn, stmt, job_id, _state("rescue", reason=LEASE_EXPIRED), now):
         return False
@@ -325,6 +329,49 @@ async def cancel(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
     """An operator stops a job that is queued, waiting or parked."""
     stmt = _move("cancel", job_id, now, finished_at=now, waiting_for=None)
     return await _settle(conn, stmt, job_id, _state("cancel"), now)
+
+
+async def request_cancel(
+    conn: AsyncConnection, job_id: str, *, now: datetime, children: bool = False
+) -> bool:
+    """An operator asks to stop a running job: the job stays `active` until the worker that
+    runs it stops it (`stop`) or recovery does for a vanished worker (`stop_abandoned`); its
+    attempt can no longer queue it again or park it waiting. False when it is not running."""
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == JobState.ACTIVE.value)
+        .values(
+            cancel_requested_at=func.coalesce(jobs.c.cancel_requested_at, now),
+            cancel_children=True if children else jobs.c.cancel_children,
+            updated_at=now,
+            event_seq=jobs.c.event_seq + 1,
+        )
+    )
+    asked = events.New("cancel_requested", {"children": children})
+    return await _moved(conn, stmt, job_id, asked, now)
+
+
+async def stop(
+    conn: AsyncConnection, job_id: str, *, attempt: int, error: ErrorInfo, now: datetime
+) -> bool:
+    """A cancel reached running attempt `attempt` before it recorded another outcome:
+    `cancelled`, with why (only a job asked to stop)."""
+    asked = jobs.c.cancel_requested_at.is_not(None)
+    return await _finish(
+        conn, "stop", job_id, attempt, now, "cancelled", error, guard=asked, finished_at=now
+    )
+
+
+async def stop_abandoned(conn: AsyncConnection, job_id: str, *, now: datetime) -> bool:
+    """Recovery: a job asked to stop whose worker vanished (its lease expired before `now`)
+    is `cancelled`, never queued again; one with a paid call open went `in_doubt` first."""
+    stmt = _move("stop", job_id, now, finished_at=now, lease_expires_at=None).where(
+        jobs.c.lease_expires_at < now, jobs.c.cancel_requested_at.is_not(None)
+    )
+    if not await _settle(conn, stmt, job_id, _state("stop", reason=STOPPED_LOST), now):
+        return False
+    await _close_open_attempts(conn, job_id, now, "cancelled", "Cancelled", STOPPED_LOST)
+    return True
 
 
 async def deny(
@@ -383,6 +430,8 @@ async def replay(conn: AsyncConnection, job_id: str, *, budget: int, now: dateti
         run_after=None,
         lease_expires_at=None,
         deadline_at=None,
+        cancel_requested_at=None,
+        cancel_children=None,
     )
     return await _moved(conn, stmt, job_id, _state("replay", attempts=budget), now)
 
@@ -635,15 +684,21 @@ async def _finish(
     now: datetime,
     outcome: str,
     error: ErrorInfo | None = None,
+    guard: Any = None,
     **values: Any,
 ) -> bool:
     """Record the outcome of running attempt `attempt`: move the job with `verb` (only if
-    that attempt still holds it) and close the attempt's row."""
+    that attempt still holds it, and, to `queued` or `waiting`, only if nobody asked to stop
+    it) and close the attempt's row."""
     if error is not None:
         values["last_error"] = _summary(error)
     stmt = _move(verb, job_id, now, lease_expires_at=None, **values).where(
         jobs.c.attempts == attempt
     )
+    if target(verb) in RUNNABLE | WAITING:  # a job asked to stop is stopped, not run again
+        stmt = stmt.where(jobs.c.cancel_requested_at.is_(None))
+    if guard is not None:
+        stmt = stmt.where(guard)
     ended: dict[str, Any] = {"outcome": outcome, "state": target(verb).value}
     if error is not None:
         ended["error"] = _summary(error)

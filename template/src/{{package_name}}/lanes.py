@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import structlog
@@ -116,6 +117,8 @@ class LaneWorker(Worker):
         self.wait_s = poll_delay
         self._read = 0
         self._rings: set[asyncio.Task[None]] = set()
+        # Tasks writing a job's end to Redis (arq shields them from cancellation): see close.
+        self._finishing: set[asyncio.Task[Any]] = set()
         self._starter: Starter | None = None
         self._slot_freed = asyncio.Event()
         self.ctx["ring_when_due"] = self.ring_when_due
@@ -143,9 +146,37 @@ class LaneWorker(Worker):
         await super().main()
 
     async def close(self) -> None:
+        """Cancel the jobs still running, as arq does, but let their ends be written first.
+
+        arq writes a job's end to Redis shielded from cancellation (finish_job), so a job
+        cancelled while ending goes on writing after its task is done; and arq's own close
+        fails with the first cancelled job, before it closes its pool. Both left a
+        connection open, writing on a pool nobody would close.
+        """
         for task in list(self._rings):
             task.cancel()
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)  # what arq's close does first: cancel the jobs
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await asyncio.gather(*self._finishing, return_exceptions=True)
+        self.tasks.clear()
         await super().close()
+
+    async def finish_job(self, *args: Any, **kwargs: Any) -> None:
+        await self._written(super().finish_job(*args, **kwargs))
+
+    async def finish_failed_job(self, *args: Any, **kwargs: Any) -> None:
+        await self._written(super().finish_failed_job(*args, **kwargs))
+
+    async def _written(self, end: Awaitable[None]) -> None:
+        """Await one of arq's job-end writes, known to `close` while it runs."""
+        task = asyncio.current_task()
+        assert task is not None, "arq writes a job's end in a task"
+        self._finishing.add(task)
+        try:
+            await end
+        finally:
+            self._finishing.discard(task)
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """Start the due jobs among `job_ids` (one read of the queue) in the free slots.

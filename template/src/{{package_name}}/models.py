@@ -104,6 +104,9 @@ jobs = Table(
     Column("event_seq", Integer, nullable=False, server_default="0"),
     # 0010_deadlines: when the job must have reached a terminal state (deadlines.py), or None.
     Column("deadline_at", UTCDateTime()),
+    # 0011_cancel_requests: when an operator asked to stop the job while it ran (cancels.py).
+    Column("cancel_requested_at", UTCDateTime()),
+    Column("cancel_children", Boolean),  # ...and its descendants with it (--children)
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),

@@ -58,6 +58,8 @@ class Job:
     budget_id: str | None = None  # the job whose budget covers this one (budgets.py)
     event_seq: int = 0  # the seq of its last event (events.py)
     deadline_at: datetime | None = None  # when it must have finished (deadlines.py)
+    cancel_requested_at: datetime | None = None  # asked to stop while running (cancels.py)
+    cancel_children: bool | None = None  # ...with its descendants (jobs cancel --children)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -123,6 +125,16 @@ async def children_of(conn: AsyncConnection, parent_id: str) -> list[Job]:
     """A parent's children, oldest first."""
     stmt = select(jobs).where(jobs.c.parent_id == parent_id).order_by(jobs.c.created_at, jobs.c.id)
     return [Job.from_row(row) for row in await conn.execute(stmt)]
+
+
+async def asked_to_stop(conn: AsyncConnection, job_ids: Sequence[str]) -> list[str]:
+    """The ids among `job_ids` of running jobs an operator asked to stop (cancels.py)."""
+    stmt = select(jobs.c.id).where(
+        jobs.c.id.in_(job_ids),
+        jobs.c.state == JobState.ACTIVE.value,
+        jobs.c.cancel_requested_at.is_not(None),
+    )
+    return list((await conn.scalars(stmt)).all())
 
 
 async def unsettled_children(conn: AsyncConnection, parent_id: str) -> int:

@@ -67,6 +67,7 @@ class ReconcileReport:
     requeued: int = 0  # rescued back to queued (the lost attempt counts)
     in_doubt: int = 0  # rescued to in_doubt: a paid call was open
     dead_lettered: int = 0  # lost on their last attempt: dead-lettered
+    stopped: int = 0  # lost after an operator asked to stop them: cancelled (cancels.py)
     queued: int = 0  # queued rows checked against Redis
     pushed: int = 0  # queued rows arq had lost, pushed again
     replies_sent: int = 0  # replies of completed jobs that had not been sent
@@ -119,6 +120,7 @@ async def reconcile(
         report.requeued
         or report.in_doubt
         or report.dead_lettered
+        or report.stopped
         or report.pushed
         or report.replies_sent
         or report.resumed
@@ -179,6 +181,8 @@ def summary(report: ReconcileReport) -> str:
         f"queued: {report.queued}, {report.pushed} missing from Redis {push} "
         f"({report.seconds:.1f} s)"
     )
+    if report.stopped:
+        line += f"; {report.stopped} asked to stop cancelled"
     if report.past_deadline:
         failed = "would fail" if report.dry_run else "failed"
         line += f"; {report.past_deadline} past their run deadline {failed}"
@@ -193,15 +197,18 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> JobSta
 
     The one place a lost job's fate is decided: back to `queued`, so it runs again. A job
     that was inside a paid call belongs in `in_doubt` instead (the provider may have
-    charged), with its reservation counted as spent; one that was on its last attempt is
-    dead-lettered. Every move only matches a lease that expired before `now` (the job may
-    have been claimed again since its page was read).
+    charged), with its reservation counted as spent; one an operator asked to stop is
+    `cancelled` (cancels.py); one that was on its last attempt is dead-lettered. Every
+    move only matches a lease that expired before `now` (the job may have been claimed
+    again since its page was read).
     """
     if await job_store.mark_in_doubt(
         conn, job_id, reason=LOST_IN_PAID_CALL, now=now, lost_inside_paid_call=True
     ):
         await paid_calls.park_open_calls(conn, job_id)
         return JobState.IN_DOUBT
+    if await job_store.stop_abandoned(conn, job_id, now=now):
+        return JobState.CANCELLED
     if await job_store.exhaust(conn, job_id, now=now):
         return JobState.DEAD_LETTERED
     if await job_store.rescue(conn, job_id, now=now):
@@ -243,6 +250,7 @@ async def _rescue_page(
             report.requeued += state is JobState.QUEUED
             report.in_doubt += state is JobState.IN_DOUBT
             report.dead_lettered += state is JobState.DEAD_LETTERED
+            report.stopped += state is JobState.CANCELLED
 
 
 async def _resume_waiting(engine: AsyncEngine, queue: JobQueue, report: ReconcileReport) -> None:

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import (
     budgets,
+    cancels,
     deadlines,
     job_store,
     paid_calls,
@@ -55,6 +56,8 @@ log = structlog.get_logger("runner")
 T = TypeVar("T")
 
 DEADLINE = deadlines.ERROR_CLASS
+# The error of an attempt a cancel stopped (cancels.py).
+STOPPED = job_store.ErrorInfo("Cancelled", cancels.STOPPED)
 # How soon arq should deliver a job again when the database could not be reached.
 DB_UNAVAILABLE_RETRY_S = 5
 # Added to a wait for a lease or run_after, so the next delivery lands after it.
@@ -87,6 +90,8 @@ class Runtime:
     call_limits: CallLimits | None = None
     # What agents emit (ctx.emit), written every few hundred ms; None: emits are dropped.
     events: EventBuffer | None = None
+    # The agents running now, by job id: what a cancel reaches (cancels.py).
+    running: cancels.Running = field(default_factory=cancels.Running)
 
     @property
     def agents(self) -> dict[str, Agent]:
@@ -104,6 +109,7 @@ class Kind(StrEnum):
     DENIED = "denied"
     IN_DOUBT = "in_doubt"
     WAITING = "waiting"  # for an approval or the job's children
+    CANCELLED = "cancelled"  # an operator's cancel reached the running agent (cancels.py)
 
 
 class Then(Enum):
@@ -163,6 +169,10 @@ class Outcome:
         return cls(Kind.IN_DOUBT, error, writes={"reason": error.message})
 
     @classmethod
+    def cancelled(cls) -> Outcome:
+        return cls(Kind.CANCELLED, STOPPED, writes={"error": STOPPED})
+
+    @classmethod
     def waiting(cls, reason: str) -> Outcome:
         """Waiting for `reason` ("approval:NAME" or "children")."""
         return cls(Kind.WAITING, writes={"reason": reason})
@@ -218,6 +228,7 @@ OUTCOMES: dict[Kind, Fate] = {
     Kind.DENIED: Fate("deny", job_store.deny, Then.RETURN),
     Kind.IN_DOUBT: Fate("mark_in_doubt", job_store.mark_in_doubt, Then.RETURN, _park_open_calls),
     Kind.WAITING: Fate("wait", waiting.park, Then.PARK),
+    Kind.CANCELLED: Fate("stop", job_store.stop, Then.RETURN),
 }
 
 
@@ -306,7 +317,8 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
     if job.state is JobState.QUEUED and job.run_after is not None:
         due = job.run_after  # arq delivered before run_after (clock skew between machines)
     elif job.state is JobState.ACTIVE and job.lease_expires_at is not None:
-        if job.lease_expires_at < _now() and job.attempts >= job.max_attempts:
+        lost = job.lease_expires_at < _now()
+        if lost and (job.attempts >= job.max_attempts or job.cancel_requested_at is not None):
             return await settle_lost_last_attempt(runtime, job_id)
         due = job.lease_expires_at  # a live lease: the holder may still finish, or die
     if due is not None:
@@ -318,8 +330,9 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
 
 
 async def settle_lost_last_attempt(runtime: Runtime, job_id: str) -> str:
-    """A delivery of a job whose last attempt was lost: settle it as recovery would
-    (in_doubt with a paid call open, else dead-lettered), never open one attempt more."""
+    """A delivery of a job whose last attempt was lost, or that was asked to stop: settle it
+    as recovery would (in_doubt with a paid call open, else cancelled or dead-lettered),
+    never open one attempt more."""
     async with transaction(runtime.engine) as conn:
         state = await recovery.rescue(conn, job_id, now=_now())
     log.warning("job_lost_on_last_attempt", job_id=job_id, state=state and state.value)
@@ -394,19 +407,38 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         events=None if runtime.events is None else Emitter(runtime.events, job.id, job.attempts),
     )
     heartbeat = Heartbeat(runtime, job, jlog, admission)
+    interrupt = runtime.running.enter(job.id)
     try:
         async with scope:
             result = await agent.run(ctx, dict(job.payload))
         _check_result(result)
     except waiting.Wait as wait:
         return Outcome.waiting(wait.reason)
+    except asyncio.CancelledError:
+        if not interrupt.stopped:
+            raise  # the worker is stopping, or arq ended the job: not ours to record
+        runtime.running.leave(interrupt)
+        return await patiently(lambda: stopped(runtime, run), jlog)
     except (Exception, spend.SpendDenied, PaidCallInDoubt) as exc:  # noqa: BLE001 - all recorded
         if timeout == left and scope.expired() and isinstance(exc, TimeoutError):
             return Outcome.failed(deadlines.error(job))  # the deadline ended it, not a timeout
         return within_deadline(job, decide(runtime.policy, job, exc, agent.permanent_errors))
     finally:
+        runtime.running.leave(interrupt)
         await heartbeat.stop()
     return Outcome.completed(result)
+
+
+async def stopped(runtime: Runtime, run: Run) -> Outcome:
+    """A cancel reached the agent: `cancelled`, or `in_doubt` when it stopped the agent
+    with a paid call open (between sending and recording it, the charge is unknown). A
+    call the stop caught while it was being sent is in doubt already (PaidCalls.call)."""
+    async with runtime.engine.connect() as conn:
+        open_call = await paid_calls.has_open_call(conn, run.job.id)
+    if open_call:
+        reason = "cancelled with a paid call open; the provider may have charged"
+        return Outcome.in_doubt(job_store.ErrorInfo("PaidCallInDoubt", reason))
+    return Outcome.cancelled()
 
 
 def decide(
@@ -472,6 +504,8 @@ async def record_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> str:
     log_outcome(run.log, outcome, state)
     if state is JobState.FAILED and outcome.error and outcome.error.error_class == DEADLINE:
         await patiently(lambda: deadlines.end_tree(runtime.engine, run.job.id, now=_now()), run.log)
+    if state is JobState.CANCELLED:
+        await patiently(lambda: stop_tree(runtime, run.job.id), run.log)
     if state in PARKED | TERMINAL and run.agent is not None and run.agent.config.paid:
         await observe_cost(runtime, run)
     if state is JobState.COMPLETED and run.reply is not None:
@@ -479,6 +513,14 @@ async def record_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> str:
     if state is JobState.QUEUED:  # requeued, or parked when what it waits for was there
         raise Retry(defer=timedelta(seconds=outcome.delay_s))
     return state.value
+
+
+async def stop_tree(runtime: Runtime, job_id: str) -> None:
+    """A job stopped with its children: reach what it spawned since the request."""
+    async with runtime.engine.connect() as conn:
+        job = await queries.get_job(conn, job_id)
+    if job is not None:
+        await cancels.after_stop(runtime.engine, runtime.queue, job)
 
 
 async def observe_cost(runtime: Runtime, run: Run) -> None:
@@ -535,6 +577,10 @@ async def write_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> JobStat
         written = await fate.verb(conn, job.id, **keywords)
         if written and fate.also is not None:
             await fate.also(conn, run, now)
+        if not written and fate.then is not Then.RETURN:
+            # Refused to queue or park a job asked to stop (cancels.py): stop it instead.
+            if await job_store.stop(conn, job.id, attempt=job.attempts, error=STOPPED, now=now):
+                return JobState.CANCELLED
     if not written:
         return None
     # waiting.park says which state: a parent whose children all settled meanwhile is queued.

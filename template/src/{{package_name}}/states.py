@@ -50,6 +50,7 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], JobState]] = {
     "resolve": (frozenset({JobState.IN_DOUBT}), JobState.COMPLETED),
     "reject": (frozenset({JobState.IN_DOUBT}), JobState.FAILED),
     "cancel": (RUNNABLE | PARKED | WAITING, JobState.CANCELLED),
+    "stop": (frozenset({A}), JobState.CANCELLED),  # a cancel reached the running job (cancels.py)
     "wait": (frozenset({A}), W),  # the run reached an undecided approval or unsettled children
     "resume": (WAITING, Q),  # the approval was decided, or the last child settled
     "decline": (WAITING, JobState.FAILED),  # a person rejected the job's approval

@@ -3,8 +3,9 @@
 `run_lanes` opens the runtime (database, Redis, the agents' registry, the gate and call
 limits, metrics) and runs each lane under its supervisor (lanes.py). Around the lanes it
 serves the HTTP probes, reconciles on a timer and at once when a lane reconnects to Redis,
-fails queued and waiting jobs at their run deadline (every second), runs the schedules,
-and drains on SIGINT/SIGTERM: running jobs get their lane's timeout.
+fails queued and waiting jobs at their run deadline (every second), stops the running jobs
+an operator cancels (cancels.py), runs the schedules, and drains on SIGINT/SIGTERM:
+running jobs get their lane's timeout.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from . import catalog, deadlines, registry, schedules
+from . import cancels, catalog, deadlines, registry, schedules
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .events import EventBuffer
@@ -132,11 +133,12 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     recovery = None if burst else asyncio.create_task(_recover_periodically(runtime, reconnected))
     sweep = None if burst else asyncio.create_task(_expire_deadlines(runtime))
     scheduler = None if burst else start_scheduler(runtime)
+    stops = asyncio.create_task(cancels.watch(runtime.engine, runtime.queue, runtime.running))
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
     try:
         await asyncio.gather(*(s.run() for s in supervisors))
     finally:
-        for task in (recovery, sweep, scheduler):
+        for task in (recovery, sweep, scheduler, stops):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -10,7 +10,17 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import actions, approvals, budgets, events, job_store, paid_calls, queries, steps
+from .. import (
+    actions,
+    approvals,
+    budgets,
+    cancels,
+    events,
+    job_store,
+    paid_calls,
+    queries,
+    steps,
+)
 from ..budgets import BudgetRefused, parse_budget
 from ..db import create_engine
 from ..deadlines import DeadlineRefused, parse_deadline
@@ -403,28 +413,33 @@ def jobs_cancel(
     job_id: str,
     by: Annotated[str, typer.Option(help="Who cancels it, for the audit log.")] = "operator",
     with_children: Annotated[
-        bool, typer.Option("--children", help="Also cancel its unsettled children.")
+        bool,
+        typer.Option("--children", help="Also cancel every unsettled job below it, running too."),
     ] = False,
 ) -> None:
-    """Stop a job that is queued, waiting or parked (a running job cannot be cancelled)."""
+    """Stop a job: queued, waiting or parked at once; running, by its worker within a
+    second (cancelled, or in_doubt when a paid call was in flight)."""
     settings = load_settings()
 
-    async def go() -> list[str]:
+    async def go() -> cancels.Reach:
         engine = create_engine(settings)
         try:
-            return await actions.cancel(engine, job_id, actor=by, with_children=with_children)
+            return await actions.cancel(
+                settings, engine, job_id, actor=by, with_children=with_children
+            )
         finally:
             await engine.dispose()
 
-    cancelled = run(go(), settings)
-    if not cancelled:
-        fail(
-            f"job {job_id} is not queued, waiting or parked (running, finished or unknown)",
-            code=1,
-        )
-    typer.echo(f"job {job_id} is now cancelled")
-    if len(cancelled) > 1:
-        typer.echo(f"{len(cancelled) - 1} of its children cancelled too")
+    reach = run(go(), settings)
+    if not reach:
+        fail(f"job {job_id} was not cancelled: it has finished or is unknown", code=1)
+    if reach.cancelled[:1] == [job_id]:
+        typer.echo(f"job {job_id} is now cancelled")
+    else:
+        typer.echo(f"job {job_id} is running: its worker stops it within a second")
+    below = [i for i in reach.cancelled if i != job_id], [i for i in reach.stopping if i != job_id]
+    if any(below):
+        typer.echo(f"below it: {len(below[0])} cancelled, {len(below[1])} running and stopping")
 
 
 @app.command()

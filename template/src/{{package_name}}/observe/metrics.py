@@ -193,6 +193,7 @@ class Metrics:
             "requeued",
             "in_doubt",
             "dead_lettered",
+            "stopped",
             "replies_sent",
             "resumed",
             "past_deadline",

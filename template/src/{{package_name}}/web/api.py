@@ -227,12 +227,25 @@ async def stream_events(services: Services, job_id: str, after: int) -> Any:
 
 @endpoint(Role.OPERATOR)
 async def cancel_job(request: Request, services: Services, principal: Principal) -> Response:
-    """Cancel a queued or parked job (audited with the token's name)."""
+    """Cancel a job wherever it is (a running one is stopped by its worker), with
+    `children` its whole tree; audited with the token's name."""
     job_id = request.path_params["job_id"]
-    await _json_object(request, (), empty_ok=True)
-    if not await actions.cancel(services.engine, job_id, actor=principal.name):
-        await _conflict_or_missing(services, job_id, "is not queued or parked")
-    return reply(bodies.Moved, {"id": job_id, "state": JobState.CANCELLED.value})
+    body = await _json_object(request, ("children",), empty_ok=True)
+    if not isinstance(body.get("children", False), bool):
+        raise InputError(400, '"children" must be true or false')
+    wanted = checked(bodies.Cancel, body)
+    reach = await actions.cancel(
+        services.settings,
+        services.engine,
+        job_id,
+        actor=principal.name,
+        with_children=wanted.children,
+    )
+    if not reach:
+        await _conflict_or_missing(services, job_id, "has finished")
+    state = JobState.CANCELLED if reach.cancelled[:1] == [job_id] else JobState.ACTIVE
+    reached = {"cancelled": reach.cancelled, "stopping": reach.stopping}
+    return reply(bodies.Cancelled, {"id": job_id, "state": state.value, **reached})
 
 
 @endpoint(Role.OPERATOR)

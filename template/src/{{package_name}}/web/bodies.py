@@ -72,6 +72,12 @@ class SubmitJob(Request):
     deadline_s: Annotated[int, Field(ge=1, le=MAX_DEADLINE_S)] | None = None
 
 
+class Cancel(Request):
+    children: bool = Field(
+        False, description="Also cancel every unsettled job below it; running ones are stopped."
+    )
+
+
 class Resolve(Request):
     outcome: Outcome
     note: Note
@@ -137,6 +143,16 @@ class Moved(Response):
     state: JobState
 
 
+class Cancelled(Moved):
+    """`state` is `cancelled`, or `active` for a running job its worker is stopping."""
+
+    cancelled: list[str] = Field(description="Jobs cancelled now, this one first if it was.")
+    stopping: list[str] = Field(
+        description="Running jobs asked to stop: each ends cancelled within a second, or "
+        "in_doubt when a paid call was in flight."
+    )
+
+
 class Submitted(Moved):
     warning: str | None = Field(None, description="Recorded but not queued yet: why.")
 
@@ -170,6 +186,12 @@ class Job(Response):
     event_seq: int = Field(description="The seq of the job's last event (0: none yet).")
     deadline_at: Time | None = Field(
         description="When the job must have finished, or it fails (its run deadline)."
+    )
+    cancel_requested_at: Time | None = Field(
+        description="When an operator asked to stop it while it ran (its worker stops it)."
+    )
+    cancel_children: bool | None = Field(
+        description="Whether that request reaches every unsettled job below it too."
     )
 
 

@@ -30,6 +30,7 @@ _AFTER = {"type": "integer", "minimum": 0, "maximum": bodies.SEQ_MAX, "default":
 
 REQUESTS: tuple[type[BaseModel], ...] = (
     bodies.SubmitJob,
+    bodies.Cancel,
     bodies.Resolve,
     bodies.ResolveCause,
     bodies.Replay,
@@ -42,6 +43,7 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     bodies.JobDetail,
     bodies.EventsPage,
     bodies.Moved,
+    bodies.Cancelled,
     bodies.Resolved,
     bodies.Causes,
     bodies.Replayed,
@@ -70,6 +72,7 @@ def _op(
     *,
     status: str = "200",
     body: type[BaseModel] | None = None,
+    body_optional: bool = False,
     errors: Iterable[str] = (),
     responses: dict[str, Any] | None = None,
     parameters: list[dict[str, Any]] | None = None,
@@ -88,7 +91,7 @@ def _op(
         op["parameters"] = parameters
     if body is not None:
         op["requestBody"] = {
-            "required": True,
+            "required": not body_optional,
             "content": {"application/json": {"schema": _ref(body)}},
         }
     return op
@@ -207,10 +210,13 @@ def _paths() -> dict[str, Any]:
         },
         "/api/jobs/{job_id}/cancel": {
             "post": _op(
-                "Cancel a queued or parked job (audited).",
+                "Cancel a job wherever it is; a running one is stopped by its worker within a "
+                "second. With children, its whole tree (audited per job).",
                 "operator",
-                bodies.Moved,
+                bodies.Cancelled,
                 parameters=_JOB_ID,
+                body=bodies.Cancel,
+                body_optional=True,
                 errors=["404", "409"],
             )
         },

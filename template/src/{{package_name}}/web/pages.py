@@ -23,7 +23,18 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, audit, budgets, catalog, dlq, events, paid_calls, queries, spend
+from .. import (
+    actions,
+    audit,
+    budgets,
+    cancels,
+    catalog,
+    dlq,
+    events,
+    paid_calls,
+    queries,
+    spend,
+)
 from ..models import GLOBAL
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
@@ -395,7 +406,7 @@ async def job_page(
         entries=entries,
         facts=job_facts.facts(job, attempts, entries),
         priority=queries.PRIORITY_NAMES.get(job.priority, str(job.priority)),
-        cancellable=job.state is JobState.QUEUED or job.state in PARKED,
+        cancellable=job.state not in TERMINAL,
         replayable=job.state in PARKED - {JobState.IN_DOUBT},
         spent=bool(calls),
         in_doubt=job.state is JobState.IN_DOUBT,
@@ -407,10 +418,32 @@ async def job_page(
 async def cancel_job(
     request: Request, services: Services, principal: Principal, session: Session
 ) -> Response:
+    """Cancel this job (with the form's `children`, its tree), as `jobs cancel` does."""
     job_id = request.path_params["job_id"]
-    done = await actions.cancel(services.engine, job_id, actor=principal.name)
-    message = "cancelled" if done else "not cancelled: it is not queued, waiting or parked"
-    return redirect_back(f"/jobs/{quote(job_id)}", message)
+    form = await request.form()
+    reach = await actions.cancel(
+        services.settings,
+        services.engine,
+        job_id,
+        actor=principal.name,
+        with_children=form.get("children") == "yes",
+    )
+    return redirect_back(f"/jobs/{quote(job_id)}", cancel_message(job_id, reach))
+
+
+def cancel_message(job_id: str, reach: cancels.Reach) -> str:
+    """What a cancel did, in one line."""
+    if not reach:
+        return "not cancelled: it has finished"
+    if reach.cancelled[:1] == [job_id]:
+        line = "cancelled"
+    else:
+        line = (
+            "running: its worker stops it within a second (cancelled, or in_doubt when a "
+            "paid call was in flight)"
+        )
+    below = len(reach.ids) - 1
+    return line + (f"; {below} jobs below it reached too" if below else "")
 
 
 @page(Role.OPERATOR)
