@@ -509,8 +509,14 @@ async def enqueue_child(
     own `deadline_at` when that is sooner (deadlines.py)."""
     dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
     child_id = new_job_id()
-    above = await budgets.covering(conn, parent_id)
-    inherited = await conn.scalar(select(jobs.c.deadline_at).where(jobs.c.id == parent_id))
+    # What the child inherits, in one read of the parent: the budget covering it, its deadline.
+    parent = (
+        await conn.execute(
+            select(jobs.c.budget_id, jobs.c.deadline_at).where(jobs.c.id == parent_id)
+        )
+    ).first()
+    above = None if parent is None or parent.budget_id is None else str(parent.budget_id)
+    inherited = None if parent is None else parent.deadline_at
     deadline_at = min((d for d in (inherited, deadline_at) if d is not None), default=None)
     stmt = (
         dialect_insert(jobs)

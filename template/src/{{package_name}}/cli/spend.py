@@ -95,7 +95,7 @@ def _show_caps(when: date, as_json: bool) -> None:
         ["agent", "day", "cap", "reserved", "spent", "remaining"],
         [
             [
-                c.agent,
+                spend.cap_label(c.agent),
                 when.isoformat(),
                 f"${c.cap_usd}",
                 f"${c.reserved_usd}",
