@@ -133,6 +133,7 @@ def render(
         admin=principal is not None and principal.may(Role.ADMIN),
         path=request.url.path,
         service=catalog.PROJECT_NAME,
+        refused=request.query_params.get("refused") == "yes",
         **context,
     )
     return HTMLResponse(html, status_code=status_code)
@@ -428,7 +429,8 @@ async def cancel_job(
         actor=principal.name,
         with_children=form.get("children") == "yes",
     )
-    return redirect_back(f"/jobs/{quote(job_id)}", cancel_message(job_id, reach))
+    path = f"/jobs/{quote(job_id)}"
+    return redirect_back(path, cancel_message(job_id, reach), refused=not reach)
 
 
 def cancel_message(job_id: str, reach: cancels.Reach) -> str:
@@ -464,10 +466,10 @@ async def replay_job(
             allow_spent=form.get("allow_spent") == "yes",
         )
     except dlq.ReplayRefused as exc:
-        return redirect_back(f"/jobs/{quote(job_id)}", str(exc))
+        return redirect_back(f"/jobs/{quote(job_id)}", str(exc), refused=True)
     if not outcome.replayed:
         why = "; ".join(reason for _, reason in outcome.plan.skipped) or "it moved meanwhile"
-        return redirect_back(f"/jobs/{quote(job_id)}", f"not replayed: {why}")
+        return redirect_back(f"/jobs/{quote(job_id)}", f"not replayed: {why}", refused=True)
     message = "replayed: queued again with fresh attempts"
     if outcome.push_warning:
         message += f"; {outcome.push_warning}"
@@ -493,7 +495,7 @@ async def resolve_job(
             note=note,
         )
     except dlq.ReplayRefused as exc:
-        return redirect_back(f"/jobs/{quote(job_id)}", str(exc))
+        return redirect_back(f"/jobs/{quote(job_id)}", str(exc), refused=True)
     return redirect_back(f"/jobs/{quote(job_id)}", f"resolved: now {state.value}")
 
 
@@ -529,11 +531,13 @@ async def dlq_resolve(
     outcome, note = str(form.get("outcome") or ""), str(form.get("note") or "").strip()
     if not cause or not limit_text.isdigit() or int(limit_text) < 1:
         return redirect_back(
-            "/dlq", "resolving needs a cause and a limit: a whole number, 1 or more"
+            "/dlq", "resolving needs a cause and a limit: a whole number, 1 or more", refused=True
         )
     if outcome not in dlq.OUTCOMES or not note:
         return redirect_back(
-            "/dlq", "choose an outcome and write a note saying what the provider showed"
+            "/dlq",
+            "choose an outcome and write a note saying what the provider showed",
+            refused=True,
         )
     try:
         resolved = await actions.resolve_cause(
@@ -546,7 +550,7 @@ async def dlq_resolve(
             note=note,
         )
     except dlq.ReplayRefused as exc:
-        return redirect_back("/dlq", str(exc))
+        return redirect_back("/dlq", str(exc), refused=True)
     return redirect_back("/dlq", f"resolved {len(resolved)} in-doubt job(s) as {outcome}")
 
 
@@ -560,7 +564,7 @@ async def dlq_replay(
     reason = str(form.get("reason") or "").strip() or None
     if not cause or not limit_text.isdigit() or int(limit_text) < 1:
         return redirect_back(
-            "/dlq", "a replay needs a cause and a limit: a whole number, 1 or more"
+            "/dlq", "a replay needs a cause and a limit: a whole number, 1 or more", refused=True
         )
     try:
         outcome = await actions.replay(
@@ -572,7 +576,7 @@ async def dlq_replay(
             reason=reason,
         )
     except dlq.ReplayRefused as exc:
-        return redirect_back("/dlq", str(exc))
+        return redirect_back("/dlq", str(exc), refused=True)
     message = f"replayed {len(outcome.replayed)} job(s)"
     if outcome.plan.skipped:
         message += f"; skipped {len(outcome.plan.skipped)} that made paid calls (replay by id)"
@@ -609,7 +613,7 @@ async def set_cap(
     try:
         agent, amount = parse_cap({"agent": form.get("agent"), "usd": str(form.get("usd") or "")})
     except InputError as exc:
-        return redirect_back("/caps", exc.message)
+        return redirect_back("/caps", exc.message, refused=True)
     old, new = await spend.set_cap(
         services.engine,
         agent,
@@ -631,9 +635,11 @@ async def audit_page(
     return render(request, "audit.html", principal=principal, session=session, entries=entries)
 
 
-def redirect_back(path: str, message: str) -> Response:
-    """Post/redirect/get: the outcome travels as a query parameter, shown as text."""
-    return RedirectResponse(f"{path}?{urlencode({'message': message})}", status_code=303)
+def redirect_back(path: str, message: str, *, refused: bool = False) -> Response:
+    """Post/redirect/get: the outcome travels as a query parameter, shown as text; a
+    refusal (nothing changed) is shown as one, not as a done thing."""
+    query = {"message": message, **({"refused": "yes"} if refused else {})}
+    return RedirectResponse(f"{path}?{urlencode(query)}", status_code=303)
 
 
 async def favicon(request: Request) -> Response:
