@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -378,8 +379,9 @@ def jobs_watch(
     async def go() -> str:
         engine = create_engine(settings)
         try:
+            width = shutil.get_terminal_size().columns
             async for event in events.follow(engine, job_id, after):
-                typer.echo(json.dumps(event.as_dict()) if lines else event_line(event))
+                typer.echo(json.dumps(event.as_dict()) if lines else event_line(event, width))
             async with engine.connect() as conn:
                 job = await queries.get_job(conn, job_id)
             return "gone" if job is None else job.state.value
@@ -396,16 +398,22 @@ def jobs_watch(
         typer.echo(f"job {job_id} is {state}", err=True)
 
 
-def event_line(event: events.Event) -> str:
-    """One event on a terminal: time, seq, kind, attempt and its data.
+def event_line(event: events.Event, width: int | None = None) -> str:
+    """One event on a terminal: time, seq, kind, attempt and its data, cut to `width`
+    columns with an ellipsis (`--json` has it all).
 
     >>> e = events.Event(7, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "step", 1, {"name": "a"})
     >>> event_line(e)
     '03:04:05Z     7  step               #1  name=a'
+    >>> event_line(events.Event(8, e.at, "progress", 1, {"note": "x" * 80}), 50)
+    '03:04:05Z     8  progress           #1  note=xxxx…'
     """
     data = " ".join(f"{k}={v}" for k, v in (event.data or {}).items())
     attempt = "" if event.attempt is None else f"#{event.attempt}"
-    return f"{event.at:%H:%M:%S}Z {event.seq:>5}  {event.kind:<18} {attempt:<3} {data}".rstrip()
+    line = f"{event.at:%H:%M:%S}Z {event.seq:>5}  {event.kind:<18} {attempt:<3} {data}".rstrip()
+    if width is not None and len(line) > width:
+        return line[: max(width - 1, 0)] + "…"
+    return line
 
 
 @jobs_app.command("cancel")
