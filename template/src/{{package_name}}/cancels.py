@@ -3,7 +3,8 @@
 `jobs cancel ID [--children]` (and the API's and the console's cancel) stops a job wherever
 it is:
 
-- queued, waiting or parked: `cancelled` at once (job_store.cancel);
+- queued, waiting or parked: `cancelled` at once (job_store.cancel), a pending approval
+  closed `expired` by the actor;
 - running: its row records `cancel_requested_at` and its id is published on Redis
   (queue.STOP_CHANNEL). The worker running it cancels the agent's task at its next await and
   records `cancelled`, or `in_doubt` when a paid call was in flight: it was sent, so the
@@ -34,10 +35,12 @@ from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import audit, job_store, queries
 from .db import transaction
+from .models import approvals
 from .queue import STOP_CHANNEL, JobQueue, QueueUnavailable
 from .states import IN_FLIGHT, RUNNABLE, WAITING
 
@@ -48,6 +51,8 @@ log = structlog.get_logger("stopping")
 LOOK_EVERY_S = 1.0
 # What a stopped attempt's error says (its row, `jobs show`).
 STOPPED = "an operator cancelled the job while it ran"
+# Why a cancelled job's pending approval was closed (`expired`, decided by the actor).
+CANCELLED = "the job was cancelled"
 # The audit log's actor for a child reached when its stopped parent ended (after_stop).
 AFTER_STOP = "cancel"
 
@@ -68,6 +73,19 @@ class Reach:
         return [*self.cancelled, *self.stopping]
 
 
+async def _cancelled(conn: AsyncConnection, job_id: str, *, by: str, now: datetime) -> bool:
+    """Cancel a queued, waiting or parked job; a waiting one's pending approval is closed
+    `expired`, decided by `by` (nobody is left to decide it)."""
+    if not await job_store.cancel(conn, job_id, now=now):
+        return False
+    await conn.execute(
+        update(approvals)
+        .where(approvals.c.job_id == job_id, approvals.c.state == "pending")
+        .values(state="expired", decided_at=now, decided_by=by, reason=CANCELLED)
+    )
+    return True
+
+
 async def cancel(
     engine: AsyncEngine,
     job_id: str,
@@ -81,7 +99,7 @@ async def cancel(
     now = datetime.now(UTC)
     reach = Reach()
     async with transaction(engine) as conn:
-        if await job_store.cancel(conn, job_id, now=now):
+        if await _cancelled(conn, job_id, by=by, now=now):
             reach.cancelled.append(job_id)
         elif await job_store.request_cancel(conn, job_id, now=now, children=with_children):
             reach.stopping.append(job_id)
@@ -114,7 +132,7 @@ async def descendants(
         for child in await queries.children_of(conn, parent):
             parents.append(child.id)
             if child.state in RUNNABLE | WAITING:
-                if not await job_store.cancel(conn, child.id, now=now):
+                if not await _cancelled(conn, child.id, by=by, now=now):
                     continue
                 reach.cancelled.append(child.id)
             elif running and child.state in IN_FLIGHT and child.cancel_requested_at is None:
@@ -219,8 +237,10 @@ async def listen(queue: JobQueue, running: Running) -> None:
                     data = message.get("data")
                     if isinstance(data, bytes):
                         running.stop(data.decode().split(","))
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError) as exc:  # Redis away or restarting: listen again
             log.debug("stop_listener_reconnecting", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - never let the listener die; the look goes on
+            log.warning("stop_listener_failed", error=f"{type(exc).__name__}: {exc}")
         await asyncio.sleep(LOOK_EVERY_S)
 
 
