@@ -74,10 +74,12 @@ async def cancel(
         reach = await cancels.cancel(
             engine, job_id, by=actor, with_children=with_children, queue=queue
         )
+        if queue is not None:  # else recovery pushes them once Redis is back
+            parents = await queued_parents(engine, reach.cancelled)
+            await push(settings, engine, parents, queue=queue)
     finally:
         if queue is not None:
             await queue.close()
-    await push(settings, engine, await queued_parents(engine, reach.cancelled))
     return reach
 
 
@@ -232,25 +234,33 @@ async def queued_parents(engine: AsyncEngine, job_ids: Sequence[str]) -> list[st
         ]
 
 
-async def push(settings: Settings, engine: AsyncEngine, job_ids: Sequence[str]) -> str | None:
-    """Queue re-queued jobs now; when Redis is down they stay queued for recovery to push,
-    and the returned warning says so."""
+async def push(
+    settings: Settings,
+    engine: AsyncEngine,
+    job_ids: Sequence[str],
+    *,
+    queue: JobQueue | None = None,
+) -> str | None:
+    """Queue re-queued jobs now (through `queue` when the caller has one open); when Redis
+    is down they stay queued for recovery to push, and the returned warning says so."""
     if not job_ids:
         return None
     async with engine.connect() as conn:
         found = [await queries.get_job(conn, job_id) for job_id in job_ids]
+    pushes = [
+        Push(job.id, job.lane, priority=job.priority, agent=job.agent)
+        for job in found
+        if job is not None
+    ]
+    if queue is not None:
+        await queue.push_many(pushes)
+        return None
     try:
         queue = await JobQueue.connect(settings, conn_retries=0)
     except QueueUnavailable as exc:
         return f"{exc}; the jobs stay queued until recovery pushes them"
     try:
-        await queue.push_many(
-            [
-                Push(job.id, job.lane, priority=job.priority, agent=job.agent)
-                for job in found
-                if job is not None
-            ]
-        )
+        await queue.push_many(pushes)
     finally:
         await queue.close()
     return None

@@ -179,6 +179,19 @@ async def expire_due(engine: AsyncEngine, *, now: datetime) -> list[Push]:
     return pushes
 
 
+async def close_pending(
+    conn: AsyncConnection, job_id: str, *, by: str, reason: str, now: datetime
+) -> None:
+    """Decide a job's pending approvals "expired" by `by`, with `reason`, in `conn`'s
+    transaction: the job ended without them (its deadline passed, or it was cancelled), so
+    nobody is left to decide them."""
+    await conn.execute(
+        update(approvals)
+        .where(approvals.c.job_id == job_id, approvals.c.state == "pending")
+        .values(state="expired", decided_at=now, decided_by=by, reason=reason)
+    )
+
+
 async def pending(conn: AsyncConnection, *, limit: int = 1000) -> list[Approval]:
     """Approvals nobody has decided yet, oldest first."""
     return await _list(conn, approvals.c.state == "pending", limit=limit)

@@ -35,12 +35,10 @@ from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, job_store, queries
+from . import approvals, audit, job_store, queries
 from .db import transaction
-from .models import approvals
 from .queue import STOP_CHANNEL, JobQueue, QueueUnavailable
 from .states import IN_FLIGHT, RUNNABLE, WAITING
 
@@ -78,11 +76,7 @@ async def _cancelled(conn: AsyncConnection, job_id: str, *, by: str, now: dateti
     `expired`, decided by `by` (nobody is left to decide it)."""
     if not await job_store.cancel(conn, job_id, now=now):
         return False
-    await conn.execute(
-        update(approvals)
-        .where(approvals.c.job_id == job_id, approvals.c.state == "pending")
-        .values(state="expired", decided_at=now, decided_by=by, reason=CANCELLED)
-    )
+    await approvals.close_pending(conn, job_id, by=by, reason=CANCELLED, now=now)
     return True
 
 

@@ -26,12 +26,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import audit, cancels, job_store, queries
+from . import approvals, audit, cancels, job_store, queries
 from .db import transaction
-from .models import approvals, jobs
+from .models import jobs
 from .states import JobState
 
 log = structlog.get_logger("deadlines")
@@ -153,11 +153,7 @@ async def expire_due(engine: AsyncEngine, *, now: datetime) -> list[str]:
             why = f"{ERROR_CLASS}: {reason(row.deadline_at, row.created_at)}"
             if not await job_store.expire(conn, row.id, reason=why, now=now):
                 continue  # it ran, was decided or was replayed since it was read
-            await conn.execute(
-                update(approvals)
-                .where(approvals.c.job_id == row.id, approvals.c.state == "pending")
-                .values(state="expired", decided_at=now, decided_by=BY, reason=why)
-            )
+            await approvals.close_pending(conn, row.id, by=BY, reason=why, now=now)
             await audit.record(
                 conn, actor=BY, action="expire", target=row.id, details={"reason": why}, now=now
             )
