@@ -84,6 +84,8 @@ def agent_specs(draw: st.DrawFn, agent_names: list[str]) -> dict[str, dict[str, 
             spec["on_budget"] = draw(st.sampled_from(["deny", "wait"]))
         if draw(st.integers(0, 3)) == 0:
             spec["deadline_s"] = draw(st.sampled_from([1, 3600, 31536000]))
+        if draw(st.integers(0, 3)) == 0:
+            spec["webhooks"] = draw(st.sampled_from([[], ["ops"], ["ops", "crm.example"]]))
         others = [other for other in agent_names if other != name]
         if others and draw(st.integers(0, 3)) == 0:
             spec["fans_out_to"] = draw(st.sampled_from(others))

@@ -292,8 +292,8 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(colour="red")],
         "write only the allowed keys for agent summarize (paid, timeout_s, lane, "
         "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, max_paid_calls, "
-        "job_budget_usd, on_budget, deadline_s, fans_out_to, limit, framework); it has unknown "
-        "key(s) colour",
+        "job_budget_usd, on_budget, deadline_s, webhooks, fans_out_to, limit, framework); it has "
+        "unknown key(s) colour",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -351,6 +351,24 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         "write deadline_s: 3600 or another whole number of seconds from 1 to 31536000 (365 "
         "days) for agent summarize, or leave it out for no run deadline; its deadline_s is "
         "31536001",
+    ),
+    "webhooks-not-a-list": (
+        [_agent(webhooks="billing")],
+        'write webhooks: [billing] or another list of distinct endpoint names (letters, digits, '
+        '".", "_", "-", as NAME in NAME=URL of WEBHOOK_URLS) for agent summarize, [] for none, '
+        'or leave it out for every endpoint; its webhooks is "billing"',
+    ),
+    "webhooks-bad-name": (
+        [_agent(webhooks="[ops, 'a b']")],
+        'write webhooks: [billing] or another list of distinct endpoint names (letters, digits, '
+        '".", "_", "-", as NAME in NAME=URL of WEBHOOK_URLS) for agent summarize, [] for none, '
+        'or leave it out for every endpoint; its webhooks is ["ops", "a b"]',
+    ),
+    "webhooks-twice": (
+        [_agent(webhooks="[ops, ops]")],
+        'write webhooks: [billing] or another list of distinct endpoint names (letters, digits, '
+        '".", "_", "-", as NAME in NAME=URL of WEBHOOK_URLS) for agent summarize, [] for none, '
+        'or leave it out for every endpoint; its webhooks is ["ops", "ops"]',
     ),
     "limit-without-keys": (
         ["limits={llm: {}}"],

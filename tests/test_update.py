@@ -294,7 +294,14 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> Versions:
 
 # Agent keys the examples use that the older releases under test do not know: the update
 # tests render both sides without them (an older project cannot have had them).
-NEWER_AGENT_KEYS = ("fans_out_to", "max_paid_calls", "job_budget_usd", "on_budget", "deadline_s")
+NEWER_AGENT_KEYS = (
+    "fans_out_to",
+    "max_paid_calls",
+    "job_budget_usd",
+    "on_budget",
+    "deadline_s",
+    "webhooks",
+)
 
 
 def example_data(name: str) -> dict[str, Any]:

@@ -73,6 +73,9 @@ class AgentConfig:
     # Seconds from a job's submit to a terminal state, over all its attempts, deferrals and
     # waits, unless its submit gives one (deadlines.py); None: no deadline.
     deadline_s: int | None = None
+    # The webhook endpoints (by name, from <PREFIX>WEBHOOK_URLS) told when a job of this
+    # agent ends (webhooks.py); None: every endpoint, (): none.
+    webhooks: tuple[str, ...] | None = None
 
 
 class AgentLimit(Enum):

@@ -19,17 +19,23 @@ POOL_SIZE_MAX = 10
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
-    """An async engine for `settings.database_url`, with SQLite tuned for several processes."""
+    """An async engine for `settings.database_url`, with SQLite tuned for several processes,
+    carrying the service's webhooks (if any) to every transaction that settles a job."""
     check_database(settings)
     url = async_database_url(settings.database_url)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+    else:
+        # Bounded whatever max_jobs is (up to 500 by default): a job that touches the
+        # database waits its turn for a connection rather than each worker opening hundreds.
+        pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
+        engine = create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
+    if not settings.webhooks:
         return engine
-    # Bounded whatever max_jobs is (up to 500 by default): a job that touches the database
-    # waits its turn for a connection rather than each worker opening hundreds of them.
-    pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
-    return create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
+    from . import catalog, webhooks  # only a service with webhooks imports them here
+
+    return webhooks.attach(engine, webhooks.from_settings(settings, catalog.AGENTS))
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -21,9 +21,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import budgets, events, queries
+from . import budgets, events, queries, webhooks
 from .models import approvals as approvals_table
-from .models import attempts, job_events, jobs
+from .models import attempts, job_events, jobs, webhook_deliveries
 from .models import budgets as budgets_table
 from .models import paid_calls as paid_calls_table
 from .models import replies as replies_table
@@ -586,8 +586,8 @@ async def prune(
 ) -> int:
     """Delete jobs in `states` that finished before `finished_before`, `batch` jobs per
     short transaction, with everything that is theirs (attempts, paid calls, replies, steps,
-    approvals, budgets, events); returns how many. `most_batches` bounds one call (the
-    recovery loop's share). The audit log is kept: it is the record of who did what.
+    approvals, budgets, events, webhook deliveries); returns how many. `most_batches` bounds
+    one call (the recovery loop's share). The audit log is kept: it is the record of who did what.
 
     A tree goes leaves first: a job is deleted only once its children are gone, and a child
     only with its parent due too, so no kept job ever misses a child (a replayed parent
@@ -621,6 +621,7 @@ async def prune(
                 job_events,
                 paid_calls_table,
                 replies_table,
+                webhook_deliveries,
                 steps_table,
                 approvals_table,
                 attempts,
@@ -667,13 +668,19 @@ async def _settle(
     conn: AsyncConnection, stmt: Any, job_id: str, event: events.New, now: datetime
 ) -> bool:
     """Run a move into a settled state and record its event; when the job is a child,
-    tell its parent and queue it if this was the last child it waited for, in the same
+    tell its parent and queue it if this was the last child it waited for; when webhooks are
+    configured, record the notifications of its end (webhooks.py). All in the same
     transaction."""
-    returned = (jobs.c.event_seq, jobs.c.parent_id, jobs.c.child_key, jobs.c.state)
+    returned: tuple[Any, ...] = (jobs.c.event_seq, jobs.c.parent_id, jobs.c.child_key, jobs.c.state)
+    hooks = webhooks.of(conn)
+    if hooks is not None:
+        returned += webhooks.JOB_COLUMNS
     row = (await conn.execute(stmt.returning(*returned))).first()
     if row is None:
         return False
     await events.record(conn, job_id, row.event_seq, event, now=now)
+    if hooks is not None:
+        await webhooks.record(conn, hooks, job_id, row.event_seq, row, now)
     if row.parent_id is not None:
         child = {"child_id": job_id, "key": row.child_key, "state": row.state}
         await resume_if_children_settled(

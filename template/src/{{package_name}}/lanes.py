@@ -26,8 +26,8 @@ from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
 from .connections import describe_redis_error, open_pool, redis_settings
-from .queue import Starter, deserialize, queue_name, ring, serialize, wait_for_work
-from .runner import Runtime, run_job
+from .queue import Starter, deserialize, queue_name, rescore, ring, serialize, wait_for_work
+from .runner import Requeue, Runtime, run_job
 
 log = structlog.get_logger("worker")
 
@@ -87,13 +87,15 @@ DUE_MARGIN_S = 0.005
 
 
 async def run_job_then_ring(ctx: dict[str, Any], job_id: str, agent: str = "") -> str:
-    """`runner.run_job`; a retry also rings the lane's doorbell when it comes due."""
+    """`runner.run_job`; a retry also rings the lane's doorbell when it comes due, after
+    giving a requeued job its priority back (queue.rescore)."""
     try:
         return await run_job(ctx, job_id, agent)
     except Retry as retry:
         ring_when_due = ctx.get("ring_when_due")
         if ring_when_due is not None:
-            ring_when_due((retry.defer_score or 0) / 1000)
+            priority = retry.priority if isinstance(retry, Requeue) else None
+            ring_when_due((retry.defer_score or 0) / 1000, job_id, priority)
         raise
 
 
@@ -123,15 +125,18 @@ class LaneWorker(Worker):
         self._slot_freed = asyncio.Event()
         self.ctx["ring_when_due"] = self.ring_when_due
 
-    def ring_when_due(self, delay_s: float) -> None:
-        """Ring the lane's doorbell once a retry deferred by `delay_s` is due (if this
-        process still runs then; else polling finds it)."""
-        task = asyncio.create_task(self._ring_after(delay_s + DUE_MARGIN_S))
+    def ring_when_due(self, delay_s: float, job_id: str, priority: int | None) -> None:
+        """Once a retry deferred by `delay_s` is due, give it its priority's score (when
+        known) and ring the lane's doorbell (if this process still runs then; else polling
+        finds it, at its plain due time)."""
+        task = asyncio.create_task(self._ring_after(delay_s + DUE_MARGIN_S, job_id, priority))
         self._rings.add(task)
         task.add_done_callback(self._rings.discard)
 
-    async def _ring_after(self, delay_s: float) -> None:
+    async def _ring_after(self, delay_s: float, job_id: str, priority: int | None) -> None:
         await asyncio.sleep(delay_s)
+        if priority is not None:
+            await rescore(self.pool, self.lane, job_id, priority)
         await ring(self.pool, [self.lane])
 
     async def main(self) -> None:

@@ -294,3 +294,34 @@ job_events = Table(
     Column("attempt", Integer),
     Column("data", JSON),
 )
+
+# A job's end, announced to a webhook endpoint (webhooks.py): one row per (settle, endpoint),
+# recorded in the transaction that settles the job, sent after commit, retried with backoff
+# until the receiver answers 2xx. `body` is the exact JSON that is signed and sent.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(36), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("endpoint", String(100), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("idempotency_id", String(64), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("state", String(20), nullable=False),  # pending / sending / sent / failed
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("lease_expires_at", UTCDateTime()),
+    Column("last_error", Text),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("sent_at", UTCDateTime()),
+    UniqueConstraint("idempotency_id", "endpoint"),
+    Index(None, "job_id"),
+    # The deliverer's scan (what is due, oldest first) and the backlog count: sent rows, all
+    # but a few, leave it.
+    Index(
+        "ix_webhook_deliveries_due",
+        "next_attempt_at",
+        postgresql_where=text("state <> 'sent'"),
+        sqlite_where=text("state <> 'sent'"),
+    ),
+)

@@ -34,6 +34,7 @@ from . import (
     replies,
     spend,
     waiting,
+    webhooks,
 )
 from .agent import AgentContext, bind_logger
 from .batched import BatchedWrites, DatabaseUnavailable
@@ -92,10 +93,26 @@ class Runtime:
     events: EventBuffer | None = None
     # The agents running now, by job id: what a cancel reaches (cancels.py).
     running: cancels.Running = field(default_factory=cancels.Running)
+    # Sends the webhook notifications of settled jobs (webhooks.py); None: none configured.
+    deliverer: webhooks.Deliverer | None = None
+
+    def tells(self, agent: str) -> bool:
+        """Whether a job of `agent` notifies webhooks when it ends."""
+        return self.deliverer is not None and bool(self.deliverer.hooks.for_agent(agent))
 
     @property
     def agents(self) -> dict[str, Agent]:
         return self.registry.agents
+
+
+class Requeue(Retry):
+    """arq's Retry for a job the database queued again, carrying its priority: arq queues it
+    at now plus the delay, and the worker gives it its priority back once it is due
+    (lanes.run_job_then_ring)."""
+
+    def __init__(self, defer: timedelta, priority: int) -> None:
+        super().__init__(defer=defer)
+        self.priority = priority
 
 
 class Kind(StrEnum):
@@ -510,8 +527,10 @@ async def record_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> str:
         await observe_cost(runtime, run)
     if state is JobState.COMPLETED and run.reply is not None:
         await send_reply(runtime, run.job.id, run.reply, run.log)
+    if state in SETTLED and runtime.deliverer is not None:
+        runtime.deliverer.poke()  # its webhook notifications were recorded with the outcome
     if state is JobState.QUEUED:  # requeued, or parked when what it waits for was there
-        raise Retry(defer=timedelta(seconds=outcome.delay_s))
+        raise Requeue(timedelta(seconds=outcome.delay_s), run.job.priority)
     return state.value
 
 
@@ -564,8 +583,9 @@ async def write_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> JobStat
     (OUTCOMES): the state it left the job in, or None when that attempt no longer holds the
     job (its lease was taken over)."""
     job, fate = run.job, OUTCOMES[outcome.kind]
-    # A child's completion may queue its parent, in job_store.complete's transaction.
-    batchable = run.reply is None and job.parent_id is None
+    # A child's completion may queue its parent, and a completion may record a reply or
+    # webhook notifications, in job_store.complete's transaction.
+    batchable = run.reply is None and job.parent_id is None and not runtime.tells(job.agent)
     if outcome.kind is Kind.COMPLETED and batchable and runtime.batched is not None:
         done = await runtime.batched.complete(job.id, attempt=job.attempts, **outcome.writes)
         return fate.state if done else None

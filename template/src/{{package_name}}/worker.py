@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from . import cancels, catalog, deadlines, registry, schedules
+from . import cancels, catalog, deadlines, registry, schedules, webhooks
 from .batched import BatchedWrites, PostgresBatchedWrites, SqliteBatchedWrites
 from .db import create_engine
 from .events import EventBuffer
@@ -41,6 +41,7 @@ from .recovery import reconcile
 from .retry import RetryPolicy
 from .runner import Runtime
 from .settings import Settings
+from .webhooks import Deliverer
 
 log = structlog.get_logger("worker")
 
@@ -70,6 +71,7 @@ async def open_runtime(settings: Settings) -> Runtime:
         )
     found = registry.load(settings)
     metrics = Metrics()
+    hooks = webhooks.of_engine(engine)
     limiter = Limiter(queue.pool)  # one set of registered scripts for the gate and the calls
     return Runtime(
         settings=settings,
@@ -91,6 +93,7 @@ async def open_runtime(settings: Settings) -> Runtime:
         call_limits=CallLimits(limiter, found.limits, on_wait=metrics.limit_wait),
         metrics=metrics,
         events=EventBuffer(engine, keep=settings.events_per_job),
+        deliverer=None if hooks is None else Deliverer(engine, hooks, on_sent=metrics.webhook_sent),
     )
 
 
@@ -134,6 +137,8 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     sweep = None if burst else asyncio.create_task(_expire_deadlines(runtime))
     scheduler = None if burst else start_scheduler(runtime)
     stops = asyncio.create_task(cancels.watch(runtime.engine, runtime.queue, runtime.running))
+    deliverer = runtime.deliverer
+    sends = None if burst or deliverer is None else asyncio.create_task(deliverer.run())
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
     try:
         await asyncio.gather(*(s.run() for s in supervisors))
@@ -147,6 +152,10 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
             loop.remove_signal_handler(signum)
         grace = max(runtime.lane_timeouts[lane] for lane in lanes) + RECORD_GRACE_S
         await asyncio.gather(*(s.finish(grace) for s in supervisors))
+        if sends is not None:  # after the drain: the jobs it settled are told at once
+            sends.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sends
         if http is not None:
             await http.close()
         await close_runtime(runtime)

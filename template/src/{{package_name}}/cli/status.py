@@ -110,6 +110,11 @@ def stats(as_json: JsonFlag = False) -> None:
         ],
     )
     typer.echo(f"\nunsent replies: {out['unsent_replies']}")
+    if out["unsent_webhooks"] or out["failed_webhooks"]:
+        typer.echo(
+            f"webhook notifications: {out['unsent_webhooks']} unsent, "
+            f"{out['failed_webhooks']} given up"
+        )
     if out["limits"]:
         typer.echo("")
         table(

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..queries import Job
     from ..queue import JobQueue
     from ..recovery import ReconcileReport
+    from ..webhooks import Sent
 
 log = structlog.get_logger("metrics")
 
@@ -133,6 +134,13 @@ class Metrics:
             ["lane"],
             registry=registry,
         )
+        self.webhook_sends = Counter(
+            "agent_worker_webhook_sends",
+            "Webhook notifications this process sent, by endpoint and outcome (sent; failed: "
+            "the receiver did not answer 2xx, tried again with backoff)",
+            ["endpoint", "outcome"],
+            registry=registry,
+        )
         self.process_start = Gauge(
             "agent_worker_process_start_time_seconds",
             "When this worker process started (Unix time); a change is a restart",
@@ -206,6 +214,10 @@ class Metrics:
     def lane_restarted(self, lane: str) -> None:
         self.lane_restarts.labels(lane).inc()
 
+    def webhook_sent(self, sent: Sent) -> None:
+        outcome = "sent" if sent.error is None else "failed"
+        self.webhook_sends.labels(sent.due.endpoint, outcome).inc()
+
     # Exposition -----------------------------------------------------------------------------
 
     async def render(self, engine: AsyncEngine, queue: JobQueue, lanes: Iterable[str]) -> bytes:
@@ -263,6 +275,13 @@ class ServiceGauges:
         self.replies_unsent = Gauge(
             "agent_worker_replies_unsent", "Replies recorded but not sent yet", registry=registry
         )
+        self.webhooks_unsent = Gauge(
+            "agent_worker_webhooks_unsent",
+            "Webhook notifications recorded but not sent yet (failed: given up after "
+            "three days of failed sends)",
+            ["state"],
+            registry=registry,
+        )
         self.redis_used = Gauge(
             "agent_worker_redis_memory_used_bytes", "Redis used_memory", registry=registry
         )
@@ -309,6 +328,8 @@ class ServiceGauges:
             self.spend_today.labels(cap.agent).set(float(cap.spent_usd + cap.reserved_usd))
             self.spend_cap.labels(cap.agent).set(float(cap.cap_usd))
         self.replies_unsent.set(stats.unsent_replies)
+        self.webhooks_unsent.labels("unsent").set(stats.webhooks.unsent)
+        self.webhooks_unsent.labels("failed").set(stats.webhooks.failed)
 
     async def _read_redis(self, queue: JobQueue, lanes: list[str]) -> None:
         try:

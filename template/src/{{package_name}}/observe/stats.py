@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .. import dlq, limits, queries, registry, replies, spend
+from .. import dlq, limits, queries, registry, replies, spend, webhooks
 from ..queue import JobQueue
 from ..settings import Settings
 from ..states import JobState
@@ -30,6 +30,7 @@ class ServiceStats:
     parked_by_cause: list[dlq.CauseGroup]
     caps: list[spend.Cap]
     unsent_replies: int
+    webhooks: webhooks.Backlog
     read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def oldest_queued_age_s(self, lane: str) -> float | None:
@@ -41,7 +42,8 @@ class ServiceStats:
 
 async def read_service_stats(conn: AsyncConnection, *, causes: bool = True) -> ServiceStats:
     """Counts by state, each lane's oldest due and its scheduled queued jobs, parked causes,
-    today's spend against the caps and unsent replies, in one connection."""
+    today's spend against the caps, unsent replies and webhook notifications, in one
+    connection."""
     now = datetime.now(UTC)
     by_state = await queries.count_by_state(conn)
     return ServiceStats(
@@ -51,6 +53,7 @@ async def read_service_stats(conn: AsyncConnection, *, causes: bool = True) -> S
         parked_by_cause=await dlq.causes(conn) if causes else [],
         caps=await spend.caps_for_day(conn, datetime.now(UTC).date()),
         unsent_replies=await replies.unsent(conn),
+        webhooks=await webhooks.backlog(conn),
         read_at=now,
     )
 
@@ -86,6 +89,8 @@ def as_json(stats: ServiceStats, depths: dict[str, int], lanes: Iterable[str]) -
             for c in stats.caps
         ],
         "unsent_replies": stats.unsent_replies,
+        "unsent_webhooks": stats.webhooks.unsent,
+        "failed_webhooks": stats.webhooks.failed,
     }
 
 

@@ -366,6 +366,10 @@ class Stats(Response):
     parked_by_cause: list[ParkedCause]
     spend_today: list[SpendToday]
     unsent_replies: int
+    unsent_webhooks: int = Field(description="Webhook notifications not sent yet.")
+    failed_webhooks: int = Field(
+        description="Webhook notifications given up after three days of failed sends."
+    )
 
 
 class CapUse(Response):
