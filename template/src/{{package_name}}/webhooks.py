@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import structlog
 from sqlalchemy import and_, func, insert, or_, select, update
@@ -53,7 +53,6 @@ from .models import jobs, webhook_deliveries
 if TYPE_CHECKING:
     import httpx
 
-    from .agent import AgentConfig
     from .settings import Settings
 
 log = structlog.get_logger("webhooks")
@@ -98,7 +97,14 @@ class Webhooks:
         ]
 
 
-def from_settings(settings: Settings, agents: Mapping[str, AgentConfig]) -> Webhooks | None:
+class Narrows(Protocol):
+    """What `from_settings` reads of an agent's settings (agent.AgentConfig)."""
+
+    @property
+    def webhooks(self) -> tuple[str, ...] | None: ...
+
+
+def from_settings(settings: Settings, agents: Mapping[str, Narrows]) -> Webhooks | None:
     """The service's webhooks, or None when `<PREFIX>WEBHOOK_URLS` is not set."""
     endpoints = settings.webhooks
     if not endpoints or settings.webhook_secret is None:
