@@ -354,19 +354,19 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
     ),
     "webhooks-not-a-list": (
         [_agent(webhooks="billing")],
-        'write webhooks: [billing] or another list of distinct endpoint names (letters, digits, '
+        "write webhooks: [billing] or another list of distinct endpoint names (letters, digits, "
         '".", "_", "-", as NAME in NAME=URL of WEBHOOK_URLS) for agent summarize, [] for none, '
         'or leave it out for every endpoint; its webhooks is "billing"',
     ),
     "webhooks-bad-name": (
         [_agent(webhooks="[ops, 'a b']")],
-        'write webhooks: [billing] or another list of distinct endpoint names (letters, digits, '
+        "write webhooks: [billing] or another list of distinct endpoint names (letters, digits, "
         '".", "_", "-", as NAME in NAME=URL of WEBHOOK_URLS) for agent summarize, [] for none, '
         'or leave it out for every endpoint; its webhooks is ["ops", "a b"]',
     ),
     "webhooks-twice": (
         [_agent(webhooks="[ops, ops]")],
-        'write webhooks: [billing] or another list of distinct endpoint names (letters, digits, '
+        "write webhooks: [billing] or another list of distinct endpoint names (letters, digits, "
         '".", "_", "-", as NAME in NAME=URL of WEBHOOK_URLS) for agent summarize, [] for none, '
         'or leave it out for every endpoint; its webhooks is ["ops", "ops"]',
     ),
