@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import approvals, cancels, catalog, dlq, queries, registry, spend
+from . import approvals, cancels, catalog, dlq, queries, registry, reruns, spend
+from .db import transaction
 from .models import GLOBAL
 from .queue import JobQueue, Push, QueueUnavailable
 from .settings import Settings
@@ -214,6 +217,56 @@ async def resolve_cause(
     await push(settings, engine, [job_id for job_id, s in resolved if s is JobState.QUEUED])
     await push(settings, engine, await queued_parents(engine, [job_id for job_id, _ in resolved]))
     return resolved
+
+
+@dataclass
+class RerunOutcome:
+    """What a rerun did: its plan, the new job's id (None on a dry run), and a warning when
+    Redis was down."""
+
+    plan: reruns.RerunPlan
+    job_id: str | None = None
+    push_warning: str | None = None
+
+
+async def rerun(
+    settings: Settings,
+    engine: AsyncEngine,
+    job_id: str,
+    *,
+    from_step: str,
+    payload: Any,
+    approved_by: str,
+    reason: str,
+    dry_run: bool = False,
+) -> RerunOutcome:
+    """Plan a rerun of `job_id` from `from_step` (reruns.py); unless `dry_run`, make the new
+    job with the reused records, audited, and push it. Raises reruns.RerunRefused (nothing
+    written) for a request that breaks a rule, a spending one without an approver included."""
+    if payload is not None:
+        reruns.check_payload(payload, settings.max_payload_bytes)
+    async with engine.connect() as conn:
+        plan = await reruns.plan(conn, job_id, from_step)
+    outcome = RerunOutcome(plan)
+    if dry_run:
+        return outcome
+    route = registry.load(settings).routes.get(plan.job.agent)
+    if route is None:
+        raise reruns.RerunRefused(
+            f"agent {plan.job.agent!r} of job {job_id} is not one this service runs any more"
+        )
+    async with transaction(engine) as conn:
+        outcome.job_id = await reruns.rerun(
+            conn,
+            plan,
+            route=route,
+            payload=payload,
+            approved_by=approved_by,
+            reason=reason,
+            now=datetime.now(UTC),
+        )
+    outcome.push_warning = await push(settings, engine, [outcome.job_id])
+    return outcome
 
 
 def budget(agent: str) -> int:

@@ -107,9 +107,10 @@ class NewJob:
     priority: int = 0  # -1 low, 0 normal, 1 high
     budget_micros: int | None = None  # what the job (and its children) may spend in all
     deadline_at: datetime | None = None  # when it must have finished (deadlines.py)
+    rerun_of: str | None = None  # the job it reruns from a step (reruns.py)
 
 
-# Rows per INSERT: 16 columns each stays under SQLite's and asyncpg's bound-parameter limits.
+# Rows per INSERT: 17 columns each stays under SQLite's and asyncpg's bound-parameter limits.
 ENQUEUE_CHUNK = 1000
 
 
@@ -137,6 +138,7 @@ async def enqueue_many(
             "priority": job.priority,
             "budget_id": None if job.budget_micros is None else job_id,
             "deadline_at": job.deadline_at,
+            "rerun_of": job.rerun_of,
             "created_at": now,
             "updated_at": now,
         }

@@ -107,6 +107,8 @@ jobs = Table(
     # 0011_cancel_requests: when an operator asked to stop the job while it ran (cancels.py).
     Column("cancel_requested_at", UTCDateTime()),
     Column("cancel_children", Boolean),  # ...and its descendants with it (--children)
+    # 0013_reruns: the job this one reruns from one of its steps (reruns.py), or None.
+    Column("rerun_of", String(36)),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),

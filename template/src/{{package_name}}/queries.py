@@ -60,6 +60,7 @@ class Job:
     deadline_at: datetime | None = None  # when it must have finished (deadlines.py)
     cancel_requested_at: datetime | None = None  # asked to stop while running (cancels.py)
     cancel_children: bool | None = None  # ...with its descendants (jobs cancel --children)
+    rerun_of: str | None = None  # the job this one reruns from a step (reruns.py)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

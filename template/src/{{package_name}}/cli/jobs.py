@@ -20,6 +20,7 @@ from .. import (
     job_store,
     paid_calls,
     queries,
+    reruns,
     steps,
 )
 from ..budgets import BudgetRefused, parse_budget
@@ -448,6 +449,89 @@ def jobs_cancel(
     below = [i for i in reach.cancelled if i != job_id], [i for i in reach.stopping if i != job_id]
     if any(below):
         typer.echo(f"below it: {len(below[0])} cancelled, {len(below[1])} running and stopping")
+
+
+@jobs_app.command("rerun")
+def jobs_rerun(
+    job_id: str,
+    from_step: Annotated[
+        str, typer.Option("--from-step", help="The recorded step to run again from.")
+    ],
+    input_json: Annotated[
+        str | None,
+        typer.Option("--input", help="A new payload (a JSON object); default: the job's own."),
+    ] = None,
+    approved_by: Annotated[
+        str, typer.Option(help="Who approved it; needed when the rerun makes paid calls.")
+    ] = "",
+    reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what it reuses and would pay for; do nothing.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a finished job again from one of its steps as a new job: the steps before it are
+    reused from the record (not run, not paid again); the paid calls it makes again are
+    priced first, and a rerun that reserves money needs --approved-by and --reason."""
+    settings = load_settings()
+    payload = None if input_json is None else _read_payload(input_json, None)
+
+    async def go() -> actions.RerunOutcome:
+        engine = create_engine(settings)
+        try:
+            return await actions.rerun(
+                settings,
+                engine,
+                job_id,
+                from_step=from_step,
+                payload=payload,
+                approved_by=approved_by,
+                reason=reason,
+                dry_run=dry_run,
+            )
+        finally:
+            await engine.dispose()
+
+    try:
+        outcome = run(go(), settings)
+    except reruns.RerunRefused as exc:
+        fail(str(exc))
+    plan = outcome.plan
+    if as_json:
+        typer.echo(json.dumps({**plan.as_dict(), "new_job_id": outcome.job_id}, indent=2))
+    else:
+        _print_rerun_plan(plan)
+        if outcome.job_id is not None:
+            typer.echo(f"queued {outcome.job_id}, a rerun of {job_id} from step {from_step}")
+    if outcome.push_warning:
+        typer.echo(outcome.push_warning, err=True)
+
+
+def _print_rerun_plan(plan: reruns.RerunPlan) -> None:
+    job = plan.job
+    typer.echo(f"rerun of {job.id} ({job.agent}, {job.state.value}) from step {plan.from_step}")
+    typer.echo(f"reuses steps: {', '.join(plan.reused_steps) or 'none'}")
+    if plan.reused_calls:
+        typer.echo(f"reuses paid calls: {', '.join(plan.reused_calls)} (not paid again)")
+    typer.echo(f"runs again: {', '.join(plan.steps_again)} and what follows them")
+    if plan.calls_again:
+        typer.echo("paid calls it makes again (by the job's record):")
+        table(
+            ["paid call", "reserves", "cost last time"],
+            [
+                [
+                    c.name,
+                    f"${c.reserved_usd}",
+                    "unknown" if c.cost_usd is None else f"${c.cost_usd}",
+                ]
+                for c in plan.calls_again
+            ],
+        )
+    typer.echo(f"reserves up to ${plan.reserved_usd} before those calls")
+    if plan.children_again:
+        typer.echo(f"its {plan.children_again} child job(s) are spawned again when it reaches them")
+    if plan.needs_approval:
+        typer.echo("needs --approved-by NAME and --reason TEXT")
 
 
 @app.command()

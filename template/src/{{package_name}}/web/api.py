@@ -34,6 +34,7 @@ from .. import (
     events,
     paid_calls,
     queries,
+    reruns,
     spend,
 )
 from ..deadlines import DeadlineRefused, parse_deadline
@@ -61,6 +62,7 @@ BODY_SLACK = 64 * 1024  # room for the fields around a payload of the largest si
 STREAM_PING_S = 15  # a comment line this often keeps proxies from closing a quiet stream
 JOB_FIELDS = ("agent", "payload", "owner", "delay_s", "priority", "budget_usd", "deadline_s")
 REPLAY_FIELDS = ("cause_id", "job_ids", "limit", "reason", "allow_spent", "dry_run")
+MAX_STEP_NAME = 200  # steps.name
 
 
 Handler = Callable[[Request, Services, Principal], Awaitable[Response]]
@@ -246,6 +248,42 @@ async def cancel_job(request: Request, services: Services, principal: Principal)
     state = JobState.CANCELLED if reach.cancelled[:1] == [job_id] else JobState.ACTIVE
     reached = {"cancelled": reach.cancelled, "stopping": reach.stopping}
     return reply(bodies.Cancelled, {"id": job_id, "state": state.value, **reached})
+
+
+@endpoint(Role.OPERATOR)
+async def rerun_job(request: Request, services: Services, principal: Principal) -> Response:
+    """Plan (`dry_run`) or make a rerun of a finished job from one of its recorded steps;
+    the approver is the token's name, and a rerun that makes paid calls needs a reason."""
+    job_id = request.path_params["job_id"]
+    body = await _json_object(request, ("from_step", "input", "reason", "dry_run"))
+    from_step = body.get("from_step")
+    if not isinstance(from_step, str) or not 1 <= len(from_step) <= MAX_STEP_NAME:
+        raise InputError(400, '"from_step" must be the name of a step the job recorded')
+    if body.get("input") is not None and not isinstance(body["input"], dict):
+        raise InputError(400, '"input" must be a JSON object (the rerun\'s payload)')
+    if not isinstance(body.get("dry_run", False), bool):
+        raise InputError(400, '"dry_run" must be true or false')
+    reason = optional_str(body, "reason", bodies.MAX_TEXT) or ""
+    wanted = checked(bodies.Rerun, body)
+    async with services.engine.connect() as conn:
+        job = await queries.get_job(conn, job_id)
+    if job is None or job.state not in reruns.RERUNNABLE:
+        await _conflict_or_missing(services, job_id, "has not ended")
+    try:
+        outcome = await actions.rerun(
+            services.settings,
+            services.engine,
+            job_id,
+            from_step=from_step,
+            payload=wanted.input,
+            approved_by=principal.name,
+            reason="" if blank(reason) else reason,
+            dry_run=wanted.dry_run,
+        )
+    except reruns.RerunRefused as exc:
+        raise InputError(400, str(exc)) from None
+    made = {**outcome.plan.as_dict(), "new_job_id": outcome.job_id}
+    return reply(bodies.RerunPlan, made, status=200 if outcome.job_id is None else 201)
 
 
 @endpoint(Role.OPERATOR)
@@ -513,6 +551,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}", get_job, methods=["GET"]),
         Route("/jobs/{job_id}/events", job_events, methods=["GET"]),
         Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+        Route("/jobs/{job_id}/rerun", rerun_job, methods=["POST"]),
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
         Route("/dlq/resolve", dlq_resolve, methods=["POST"]),
         Route("/dlq/causes", dlq_causes, methods=["GET"]),

@@ -78,6 +78,17 @@ class Cancel(Request):
     )
 
 
+class Rerun(Request):
+    from_step: str = Field(
+        min_length=1, max_length=200, description="A step the job recorded: run again from it."
+    )
+    input: dict[str, Any] | None = Field(
+        None, description="A new payload for the rerun (default: the job's own)."
+    )
+    reason: Reason = Field("", description="Why; needed when the rerun makes paid calls.")
+    dry_run: bool = Field(False, description="Only say what it reuses and would pay for.")
+
+
 class Resolve(Request):
     outcome: Outcome
     note: Note
@@ -143,6 +154,31 @@ class Moved(Response):
     state: JobState
 
 
+class RerunCall(Response):
+    name: str
+    state: str = Field(description="Its state in the original job.")
+    reserved_usd: Usd
+    cost_usd: Usd | None = Field(description="What it cost the original (null: unknown).")
+
+
+class RerunPlan(Response):
+    """What a rerun reuses from the original and what it does again; `new_job_id` is the
+    rerun's id (null on a dry run)."""
+
+    job_id: str
+    agent: str
+    from_step: str
+    reused_steps: list[str]
+    steps_again: list[str]
+    reused_paid_calls: list[str] = Field(description="Copied, not paid again.")
+    paid_calls_again: list[RerunCall] = Field(description="By the original's record.")
+    reserved_usd: Usd = Field(description="What the calls made again reserve in all.")
+    reused_approvals: list[str]
+    children_again: int = Field(description="Child jobs of the original, spawned again.")
+    needs_approval: bool
+    new_job_id: str | None
+
+
 class Cancelled(Moved):
     """`state` is `cancelled`, or `active` for a running job its worker is stopping."""
 
@@ -192,6 +228,9 @@ class Job(Response):
     )
     cancel_children: bool | None = Field(
         description="Whether that request reaches every unsettled job below it too."
+    )
+    rerun_of: str | None = Field(
+        description="The job this one reruns from one of its steps (jobs rerun)."
     )
 
 

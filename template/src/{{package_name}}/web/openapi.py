@@ -31,6 +31,7 @@ _AFTER = {"type": "integer", "minimum": 0, "maximum": bodies.SEQ_MAX, "default":
 REQUESTS: tuple[type[BaseModel], ...] = (
     bodies.SubmitJob,
     bodies.Cancel,
+    bodies.Rerun,
     bodies.Resolve,
     bodies.ResolveCause,
     bodies.Replay,
@@ -44,6 +45,7 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     bodies.EventsPage,
     bodies.Moved,
     bodies.Cancelled,
+    bodies.RerunPlan,
     bodies.Resolved,
     bodies.Causes,
     bodies.Replayed,
@@ -218,6 +220,21 @@ def _paths() -> dict[str, Any]:
                 body=bodies.Cancel,
                 body_optional=True,
                 errors=["404", "409"],
+            )
+        },
+        "/api/jobs/{job_id}/rerun": {
+            "post": _op(
+                "Run a finished job again from one of its recorded steps, as a new job that "
+                "reuses the record before that step (not run, not paid again). dry_run only "
+                "says what it reuses and which paid calls it makes again, with their "
+                "reservation; a rerun that reserves money needs a reason (the approver is the "
+                "token's name). 201 with new_job_id when made (audited).",
+                "operator",
+                bodies.RerunPlan,
+                parameters=_JOB_ID,
+                body=bodies.Rerun,
+                errors=["400", "404", "409"],
+                responses={"201": _json(bodies.RerunPlan)},
             )
         },
         "/api/jobs/{job_id}/resolve": {

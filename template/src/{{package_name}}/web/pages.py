@@ -33,7 +33,9 @@ from .. import (
     events,
     paid_calls,
     queries,
+    reruns,
     spend,
+    steps,
 )
 from ..models import GLOBAL
 from ..observe import stats
@@ -390,6 +392,16 @@ async def job_page(
         timeline = await events.read_after(conn, job_id, start, limit=TIMELINE_ROWS)
         trimmed = await events.trimmed(conn, job_id)
         children = await queries.children_of(conn, job_id)
+        # What a rerun from each recorded step reuses and would pay for, shown before its
+        # button (an operator's; the steps are few).
+        plans = (
+            [
+                await reruns.plan(conn, job_id, step.name)
+                for step in await steps.steps_of(conn, job_id)
+            ]
+            if principal.may(Role.OPERATOR) and job.state in reruns.RERUNNABLE
+            else []
+        )
     return render(
         request,
         "job.html",
@@ -411,6 +423,7 @@ async def job_page(
         replayable=job.state in PARKED - {JobState.IN_DOUBT},
         spent=bool(calls),
         in_doubt=job.state is JobState.IN_DOUBT,
+        rerun_plans=plans,
         message=request.query_params.get("message"),
     )
 
@@ -446,6 +459,37 @@ def cancel_message(job_id: str, reach: cancels.Reach) -> str:
         )
     below = len(reach.ids) - 1
     return line + (f"; {below} jobs below it reached too" if below else "")
+
+
+@page(Role.OPERATOR)
+async def rerun_job(
+    request: Request, services: Services, principal: Principal, session: Session
+) -> Response:
+    """Rerun this job from the form's `from_step` (with its optional `input` and `reason`), as
+    `jobs rerun` does, approved by the signed-in operator; then show the new job."""
+    job_id = request.path_params["job_id"]
+    form = await request.form()
+    back = f"/jobs/{quote(job_id)}"
+    text = str(form.get("input") or "").strip()
+    try:
+        payload = json.loads(text) if text else None
+    except ValueError:
+        return redirect_back(back, "the input is not valid JSON: write a JSON object", refused=True)
+    try:
+        outcome = await actions.rerun(
+            services.settings,
+            services.engine,
+            job_id,
+            from_step=str(form.get("from_step") or ""),
+            payload=payload,
+            approved_by=principal.name,
+            reason=str(form.get("reason") or "").strip(),
+        )
+    except reruns.RerunRefused as exc:
+        return redirect_back(back, f"not rerun: {exc}", refused=True)
+    assert outcome.job_id is not None
+    done = f"a rerun of {job_id} from step {outcome.plan.from_step}, queued"
+    return redirect_back(f"/jobs/{quote(outcome.job_id)}", done)
 
 
 @page(Role.OPERATOR)
@@ -659,6 +703,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}/resolve", resolve_job, methods=["POST"]),
         Route("/jobs/{job_id}/replay", replay_job, methods=["POST"]),
+        Route("/jobs/{job_id}/rerun", rerun_job, methods=["POST"]),
         Route("/dlq/resolve", dlq_resolve, methods=["POST"]),
         Route("/dlq", dlq_page, methods=["GET"]),
         Route("/dlq/replay", dlq_replay, methods=["POST"]),
