@@ -253,7 +253,9 @@ async def cancel_job(request: Request, services: Services, principal: Principal)
 @endpoint(Role.OPERATOR)
 async def rerun_job(request: Request, services: Services, principal: Principal) -> Response:
     """Plan (`dry_run`) or make a rerun of a finished job from one of its recorded steps;
-    the approver is the token's name, and a rerun that makes paid calls needs a reason."""
+    the approver is the token's name, and a rerun that makes paid calls needs a reason. A
+    well-formed request the job's record refuses (a step it never recorded, a rerun that
+    spends without a reason) is a 409."""
     job_id = request.path_params["job_id"]
     body = await _json_object(request, ("from_step", "input", "reason", "dry_run"))
     from_step = body.get("from_step")
@@ -265,6 +267,11 @@ async def rerun_job(request: Request, services: Services, principal: Principal) 
         raise InputError(400, '"dry_run" must be true or false')
     reason = optional_str(body, "reason", bodies.MAX_TEXT) or ""
     wanted = checked(bodies.Rerun, body)
+    if wanted.input is not None:
+        try:
+            reruns.check_payload(wanted.input, services.settings.max_payload_bytes)
+        except reruns.RerunRefused as exc:
+            raise InputError(400, str(exc)) from None
     async with services.engine.connect() as conn:
         job = await queries.get_job(conn, job_id)
     if job is None or job.state not in reruns.RERUNNABLE:
@@ -280,8 +287,8 @@ async def rerun_job(request: Request, services: Services, principal: Principal) 
             reason="" if blank(reason) else reason,
             dry_run=wanted.dry_run,
         )
-    except reruns.RerunRefused as exc:
-        raise InputError(400, str(exc)) from None
+    except reruns.RerunRefused as exc:  # the job's record: no such step, or it spends
+        raise InputError(409, str(exc)) from None
     made = {**outcome.plan.as_dict(), "new_job_id": outcome.job_id}
     return reply(bodies.RerunPlan, made, status=200 if outcome.job_id is None else 201)
 

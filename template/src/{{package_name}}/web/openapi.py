@@ -228,7 +228,9 @@ def _paths() -> dict[str, Any]:
                 "reuses the record before that step (not run, not paid again). dry_run only "
                 "says what it reuses and which paid calls it makes again, with their "
                 "reservation; a rerun that reserves money needs a reason (the approver is the "
-                "token's name). 201 with new_job_id when made (audited).",
+                "token's name). 201 with new_job_id when made (audited). 409 for a job that "
+                "has not ended, a step it never recorded, or a rerun that spends without a "
+                "reason.",
                 "operator",
                 bodies.RerunPlan,
                 parameters=_JOB_ID,
