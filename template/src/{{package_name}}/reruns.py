@@ -111,6 +111,20 @@ def check_payload(payload: Any, limit: int) -> None:
 async def plan(conn: AsyncConnection, job_id: str, from_step: str) -> RerunPlan:
     """What a rerun of `job_id` from `from_step` would reuse and do again; RerunRefused for
     an unknown job, one still running or waiting, or a step it never recorded."""
+    found = await plans(conn, job_id)
+    for one in found:
+        if one.from_step == from_step:
+            return one
+    names = ", ".join(one.from_step for one in found)
+    raise RerunRefused(
+        f"job {job_id} recorded no step {from_step!r}; its steps: "
+        f"{names or 'none (replay it instead: dlq replay)'}"
+    )
+
+
+async def plans(conn: AsyncConnection, job_id: str) -> list[RerunPlan]:
+    """The plan of a rerun from each step the job recorded, in order, from one read of its
+    record; RerunRefused for an unknown job or one still running or waiting."""
     job = await queries.get_job(conn, job_id)
     if job is None:
         raise RerunRefused(f"no job {job_id}")
@@ -120,20 +134,11 @@ async def plan(conn: AsyncConnection, job_id: str, from_step: str) -> RerunPlan:
             "or cancel it first)"
         )
     recorded = await steps_of(conn, job_id)
-    names = [step.name for step in recorded]
-    if from_step not in names:
-        raise RerunRefused(
-            f"job {job_id} recorded no step {from_step!r}; its steps: "
-            f"{', '.join(names) if names else 'none (replay it instead: dlq replay)'}"
-        )
-    cut = names.index(from_step)
-    boundary = recorded[cut - 1].created_at if cut else None
     calls = (
         await conn.execute(
             select(paid_calls).where(paid_calls.c.job_id == job_id).order_by(paid_calls.c.id)
         )
     ).all()
-    reused = [call for call in calls if _reused_call(call, boundary)]
     decided = (
         await conn.execute(
             select(approvals.c.name, approvals.c.decided_at)
@@ -141,33 +146,46 @@ async def plan(conn: AsyncConnection, job_id: str, from_step: str) -> RerunPlan:
             .order_by(approvals.c.id)
         )
     ).all()
-    children = await conn.scalar(
-        select(func.count()).select_from(jobs).where(jobs.c.parent_id == job_id)
+    children = int(
+        await conn.scalar(select(func.count()).select_from(jobs).where(jobs.c.parent_id == job_id))
+        or 0
     )
-    return RerunPlan(
-        job=job,
-        from_step=from_step,
-        reused_steps=names[:cut],
-        steps_again=names[cut:],
-        reused_calls=[call.name for call in reused],
-        calls_again=[
+    names = [step.name for step in recorded]
+    priced = [
+        (
+            call,
             Call(
                 call.name,
                 call.state,
                 dollars(spend.to_usd(call.max_cost_micros)),
                 None if call.cost_micros is None else dollars(spend.to_usd(call.cost_micros)),
+            ),
+        )
+        for call in calls
+    ]
+    found = []
+    for cut, from_step in enumerate(names):
+        boundary = recorded[cut - 1].created_at if cut else None
+        found.append(
+            RerunPlan(
+                job=job,
+                from_step=from_step,
+                reused_steps=names[:cut],
+                steps_again=names[cut:],
+                reused_calls=[row.name for row, _ in priced if _reused_call(row, boundary)],
+                calls_again=[one for row, one in priced if not _reused_call(row, boundary)],
+                reused_approvals=[
+                    row.name
+                    for row in decided
+                    if boundary is not None
+                    and row.decided_at is not None
+                    and row.decided_at <= boundary
+                ],
+                children_again=children,
+                boundary=boundary,
             )
-            for call in calls
-            if call not in reused
-        ],
-        reused_approvals=[
-            row.name
-            for row in decided
-            if boundary is not None and row.decided_at is not None and row.decided_at <= boundary
-        ],
-        children_again=int(children or 0),
-        boundary=boundary,
-    )
+        )
+    return found
 
 
 async def rerun(

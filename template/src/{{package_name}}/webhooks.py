@@ -38,7 +38,7 @@ import hmac
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -408,7 +408,12 @@ async def deliver_due(
 class Deliverer:
     """One worker process's sender: `run` until cancelled, `poke` after settling a job."""
 
-    def __init__(self, engine: AsyncEngine, hooks: Webhooks, on_sent: Any = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        hooks: Webhooks,
+        on_sent: Callable[[Sent], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.hooks = hooks
         self.on_sent = on_sent  # called with each Sent (the worker's metrics)

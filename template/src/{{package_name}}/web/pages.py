@@ -35,7 +35,6 @@ from .. import (
     queries,
     reruns,
     spend,
-    steps,
 )
 from ..models import GLOBAL
 from ..observe import stats
@@ -395,10 +394,7 @@ async def job_page(
         # What a rerun from each recorded step reuses and would pay for, shown before its
         # button (an operator's; the steps are few).
         plans = (
-            [
-                await reruns.plan(conn, job_id, step.name)
-                for step in await steps.steps_of(conn, job_id)
-            ]
+            await reruns.plans(conn, job_id)
             if principal.may(Role.OPERATOR) and job.state in reruns.RERUNNABLE
             else []
         )
