@@ -83,6 +83,8 @@ def agent_specs(draw: st.DrawFn, agent_names: list[str]) -> dict[str, dict[str, 
         if spec["paid"] and draw(st.integers(0, 3)) == 0:
             spec["on_budget"] = draw(st.sampled_from(["deny", "wait"]))
         if draw(st.integers(0, 3)) == 0:
+            spec["on_version_change"] = draw(st.sampled_from(["run", "wait"]))
+        if draw(st.integers(0, 3)) == 0:
             spec["deadline_s"] = draw(st.sampled_from([1, 3600, 31536000]))
         if draw(st.integers(0, 3)) == 0:
             spec["webhooks"] = draw(st.sampled_from([[], ["ops"], ["ops", "crm.example"]]))

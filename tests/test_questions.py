@@ -292,8 +292,8 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(colour="red")],
         "write only the allowed keys for agent summarize (paid, timeout_s, lane, "
         "daily_cap_usd, max_attempts, max_concurrent, max_concurrent_per_owner, max_paid_calls, "
-        "job_budget_usd, on_budget, deadline_s, webhooks, fans_out_to, limit, framework); it has "
-        "unknown key(s) colour",
+        "job_budget_usd, on_budget, on_version_change, deadline_s, webhooks, fans_out_to, limit, "
+        "framework); it has unknown key(s) colour",
     ),
     "negative-agent-cap": (
         [_agent(paid="true", daily_cap_usd=-1)],
@@ -340,6 +340,12 @@ BAD_ANSWERS: dict[str, tuple[list[str], str]] = {
         [_agent(paid="true", daily_cap_usd=5, on_budget="ask")],
         "write on_budget: deny or on_budget: wait for agent summarize (deny ends a job its "
         'budget or cap cannot cover; wait asks a person); its on_budget is "ask"',
+    ),
+    "on-version-change-neither-run-nor-wait": (
+        [_agent(paid="true", daily_cap_usd=5, on_version_change="ask")],
+        "write on_version_change: run or on_version_change: wait for agent summarize (run "
+        "lets a job resumed on changed code make new paid calls; wait asks a person first); "
+        'its on_version_change is "ask"',
     ),
     "zero-agent-deadline": (
         [_agent(deadline_s=0)],

@@ -299,6 +299,7 @@ NEWER_AGENT_KEYS = (
     "max_paid_calls",
     "job_budget_usd",
     "on_budget",
+    "on_version_change",
     "deadline_s",
     "webhooks",
 )

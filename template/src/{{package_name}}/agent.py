@@ -32,6 +32,7 @@ from .events import Emitter, EventRefused
 from .limits import CallLimits, Grant
 from .limits.upstream import retry_after_s
 from .paid_calls import Cost, PaidCalls
+from .versions import APPROVAL, CHILD, PAID_CALL, STEP
 
 __all__ = [
     "AGENT_LIMIT",
@@ -76,6 +77,10 @@ class AgentConfig:
     # The webhook endpoints (by name, from <PREFIX>WEBHOOK_URLS) told when a job of this
     # agent ends (webhooks.py); None: every endpoint, (): none.
     webhooks: tuple[str, ...] | None = None
+    # A job resumed on new code that would make a paid call its record does not have while
+    # recorded work is not reached yet: "run" reports it and goes on; "wait" also parks the
+    # job on an approval named `version:<new version>` before that call (versions.py).
+    on_version_change: Literal["run", "wait"] = "run"
 
 
 class AgentLimit(Enum):
@@ -119,7 +124,9 @@ class AgentContext:
         """Run `fn()` once per job under `name` and return its JSON result; every later run
         of the job (a retry, a resume after waiting) gets the stored result without calling
         `fn` again."""
-        return await self._durable().step(name, fn)
+        durable = self._durable()
+        await durable.reach(STEP, name)
+        return await durable.step(name, fn)
 
     async def approval(
         self, name: str, *, summary: str, timeout_s: float | None = None
@@ -131,7 +138,9 @@ class AgentContext:
         `.reason`, `.at`. A rejection fails the job instead; after `timeout_s` the decision
         is "expired" (not approved, by "timeout").
         """
-        return await self._durable().approval(name, summary=summary, timeout_s=timeout_s)
+        durable = self._durable()
+        await durable.reach(APPROVAL, name)
+        return await durable.approval(name, summary=summary, timeout_s=timeout_s)
 
     async def spawn(
         self,
@@ -150,13 +159,25 @@ class AgentContext:
             budget = parse_budget(budget_usd, field="budget_usd of a child")
         except BudgetRefused as exc:
             raise InvalidPayload(str(exc)) from None
-        return await self._durable().spawn(agent, payload, key=key, budget_micros=budget)
+        durable = self._durable()
+        await durable.reach(CHILD, key)
+        return await durable.spawn(agent, payload, key=key, budget_micros=budget)
 
     async def wait_children(self) -> dict[str, ChildOutcome]:
         """Each child's outcome (`.state`, `.result`, `.error`) by key, once every child has
         settled; until then the job parks `waiting` (using no attempt). A child's failure is
         in its outcome, never raised here."""
-        return await self._durable().wait_children()
+        durable = self._durable()
+        await durable.record_patches()
+        return await durable.wait_children()
+
+    def patched(self, name: str) -> bool:
+        """Whether the code guarded by `if ctx.patched(name):` runs for this job: True for a
+        job that reaches it with nothing of its record left to replay (a job started on
+        this code, or one past all it had recorded), False for a job that started on older
+        code and is replaying what that code recorded. The answer is recorded, so a job
+        gets the same one on every run (versions.py). Use a new name for each change."""
+        return self._durable().replay.patched(name)
 
     def _durable(self) -> Durable:
         if self.durable is None:
@@ -209,6 +230,8 @@ class AgentContext:
         """
         if self.paid is None:
             raise RuntimeError("paid_call needs the context the runner gives an agent")
+        if self.durable is not None:
+            await self._check_new_spend(name)
         if limit is AgentLimit.AGENT:
             limit = self.default_limit
         if limit is None or await self.paid.is_settled(name):
@@ -223,6 +246,29 @@ class AgentContext:
             if used is not None:
                 grant.used(used)
         return result
+
+    async def _check_new_spend(self, name: str) -> None:
+        """Before paid call `name`: on code other than the job started on, a call its record
+        does not have while replaying is new spend; with `on_version_change: wait` it waits
+        for a person's approval (versions.py)."""
+        durable = self._durable()
+        replay = durable.replay
+        if replay.is_new_spend(name):
+            self.log.warning(
+                "paid_call_new_on_changed_code",
+                call=name,
+                started_on=replay.started_on,
+                running=replay.running,
+                not_reached=replay.not_reached(),
+            )
+            if replay.on_change == "wait":
+                decision = await self.approval(replay.approval, summary=replay.summary(name))
+                if not decision.approved:
+                    raise GiveUp(
+                        f"paid call {name!r} on code version {replay.running} was not approved "
+                        f"({decision.outcome} by {decision.by or 'nobody'})"
+                    )
+        await durable.reach(PAID_CALL, name)
 
 
 AgentFn = Callable[[AgentContext, dict[str, Any]], Awaitable[dict[str, Any]]]

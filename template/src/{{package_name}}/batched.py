@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,7 +58,8 @@ CLAIM_SQL = """
 WITH claimed AS (
     UPDATE jobs
     SET state = 'active', attempts = attempts + 1, worker = $2, event_seq = event_seq + 1,
-        claimed_at = $3, updated_at = $3, lease_expires_at = $4, run_after = NULL
+        claimed_at = $3, updated_at = $3, lease_expires_at = $4, run_after = NULL,
+        code_version = COALESCE(code_version, $5::jsonb ->> agent)
     WHERE id = ANY($1::text[])
       AND ((state = 'queued' AND (run_after IS NULL OR run_after <= $3))
            OR (state = 'active' AND lease_expires_at < $3 AND attempts < max_attempts))
@@ -161,9 +162,18 @@ class Batcher(Generic[T, R]):
 class BatchedWrites:
     """The hot-path writes of one worker process: claims and completions, batched."""
 
-    def __init__(self, *, worker: str, lease_s: float, window_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        worker: str,
+        lease_s: float,
+        window_s: float,
+        versions: Mapping[str, str] | None = None,
+    ) -> None:
         self.worker = worker
         self.lease_s = lease_s
+        # Each agent's code version, as JSON: what a job's first claim records (versions.py).
+        self.versions = json.dumps(dict(versions or {}))
         self._claims: Batcher[str, Job | None] = Batcher(self._claim_batch, window_s=window_s)
         self._completions: Batcher[Completion, bool] = Batcher(
             self._complete_batch, window_s=window_s
@@ -221,7 +231,9 @@ class PostgresBatchedWrites(BatchedWrites):
 
     async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
         lease_end = now + timedelta(seconds=self.lease_s)
-        rows = await self._fetch("claims", CLAIM_SQL, job_ids, self.worker, now, lease_end)
+        rows = await self._fetch(
+            "claims", CLAIM_SQL, job_ids, self.worker, now, lease_end, self.versions
+        )
         return {row["id"]: _job(row) for row in rows}
 
     async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
@@ -304,7 +316,7 @@ class SqliteBatchedWrites(BatchedWrites):
         with _immediate(db):
             claimed = db.execute(
                 SQLITE_CLAIM_SQL.format(ids=marks),
-                [self.worker, now, now, lease_end, *job_ids, now, now],
+                [self.worker, now, now, lease_end, self.versions, *job_ids, now, now],
             ).fetchall()
             retaken = [row["id"] for row in claimed if row["attempts"] > 1]
             if retaken:
@@ -355,7 +367,8 @@ class SqliteBatchedWrites(BatchedWrites):
 SQLITE_CLAIM_SQL = """
 UPDATE jobs
 SET state = 'active', attempts = attempts + 1, worker = ?, claimed_at = ?, updated_at = ?,
-    lease_expires_at = ?, run_after = NULL, event_seq = event_seq + 1
+    lease_expires_at = ?, run_after = NULL, event_seq = event_seq + 1,
+    code_version = COALESCE(code_version, json_extract(?, '$."' || agent || '"'))
 WHERE id IN ({ids})
   AND ((state = 'queued' AND (run_after IS NULL OR run_after <= ?))
        OR (state = 'active' AND lease_expires_at < ? AND attempts < max_attempts))

@@ -9,7 +9,7 @@ steps come back from `steps`, decisions from `approvals`, children from `jobs`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,6 +20,7 @@ from .children import ChildOutcome
 from .queue import JobQueue
 from .routes import Routes
 from .steps import Steps
+from .versions import NOTHING, Replay
 
 
 @dataclass
@@ -31,6 +32,18 @@ class Durable:
     attempt: int
     routes: Routes  # where a spawned child goes, by agent
     queue: JobQueue | None = None
+    # What this run reaches of the job's record (ctx.patched, version checks: versions.py).
+    replay: Replay = field(default_factory=lambda: Replay(NOTHING, None, ""))
+
+    async def reach(self, kind: str, name: str) -> None:
+        """Note that the run reached recorded work `name` of `kind`; first record the
+        `ctx.patched` answers given before it, so they are on record before it is."""
+        self.replay.reach(kind, name)
+        await self.record_patches()
+
+    async def record_patches(self) -> None:
+        """Record the `ctx.patched` answers this run gave and has not recorded yet."""
+        await self.replay.save(self.engine, self.job_id, self.attempt)
 
     async def step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         return await Steps(self.engine, self.job_id, self.attempt).run(name, fn)

@@ -56,6 +56,7 @@ SERVICE_KINDS = frozenset(
         "approval_decided",
         "cancel_requested",
         "trimmed",
+        "version_changed",
     }
 )
 KIND_MAX = 100

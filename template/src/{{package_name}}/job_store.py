@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, exists, func, insert, or_, select, update
+from sqlalchemy import and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -108,6 +108,8 @@ class NewJob:
     budget_micros: int | None = None  # what the job (and its children) may spend in all
     deadline_at: datetime | None = None  # when it must have finished (deadlines.py)
     rerun_of: str | None = None  # the job it reruns from a step (reruns.py)
+    # The code version its copied records were made by (a rerun's; else its first claim's).
+    code_version: str | None = None
 
 
 # Rows per INSERT: 17 columns each stays under SQLite's and asyncpg's bound-parameter limits.
@@ -139,6 +141,7 @@ async def enqueue_many(
             "budget_id": None if job.budget_micros is None else job_id,
             "deadline_at": job.deadline_at,
             "rerun_of": job.rerun_of,
+            "code_version": job.code_version,
             "created_at": now,
             "updated_at": now,
         }
@@ -170,13 +173,20 @@ async def enqueue_many(
 
 
 async def claim(
-    conn: AsyncConnection, job_id: str, *, worker: str, now: datetime, lease_s: float
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    worker: str,
+    now: datetime,
+    lease_s: float,
+    versions: Mapping[str, str] | None = None,
 ) -> Job | None:
     """Take the job for one attempt: `queued` (and due) or `active` with an expired lease.
 
     Counts the attempt, opens its `attempts` row and closes any attempt a vanished worker
-    left open. Returns None when the job is not claimable (running elsewhere, finished,
-    parked, not yet due, or lost on its last attempt).
+    left open; a job's first claim records its agent's code version from `versions` (by
+    agent; versions.py). Returns None when the job is not claimable (running elsewhere,
+    finished, parked, not yet due, or lost on its last attempt).
     """
     sql_state = jobs.c.state
     claimable = or_(
@@ -204,6 +214,7 @@ async def claim(
                 claimed_at=now,
                 lease_expires_at=now + timedelta(seconds=lease_s),
                 run_after=None,
+                **_first_version(versions),
             )
             .where(claimable)
             .returning(*jobs.c)
@@ -221,6 +232,14 @@ async def claim(
         insert(attempts).values(job_id=job_id, number=job.attempts, worker=worker, started_at=now)
     )
     return job
+
+
+def _first_version(versions: Mapping[str, str] | None) -> dict[str, Any]:
+    """The claim's write of the job's code version: its agent's, kept once recorded."""
+    if not versions:
+        return {}
+    current = case(dict(versions), value=jobs.c.agent, else_=None)
+    return {"code_version": func.coalesce(jobs.c.code_version, current)}
 
 
 async def heartbeat(

@@ -109,6 +109,8 @@ jobs = Table(
     Column("cancel_children", Boolean),  # ...and its descendants with it (--children)
     # 0013_reruns: the job this one reruns from one of its steps (reruns.py), or None.
     Column("rerun_of", String(36)),
+    # 0014_code_versions: the version of its agent's code the job started on (versions.py).
+    Column("code_version", String(80)),
     UniqueConstraint("owner", "idempotency_key"),
     Index(None, "state", "lane"),
     Index(None, "agent", "state"),

@@ -61,6 +61,7 @@ class Job:
     cancel_requested_at: datetime | None = None  # asked to stop while running (cancels.py)
     cancel_children: bool | None = None  # ...with its descendants (jobs cancel --children)
     rerun_of: str | None = None  # the job this one reruns from a step (reruns.py)
+    code_version: str | None = None  # its agent's code version at its first claim (versions.py)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

@@ -21,7 +21,7 @@ from functools import cache, cached_property
 from types import ModuleType
 from typing import Any, TypeVar
 
-from . import catalog
+from . import catalog, versions
 from .agent import AgentConfig, AgentFn
 from .limits import Concurrency, LimitConfig
 from .replies import ReplyFn
@@ -61,6 +61,7 @@ class Agent:
     permanent_errors: tuple[type[BaseException], ...] = ()
     example_payload: Mapping[str, Any] | None = None
     reply: ReplyFn | None = None  # the module's `async def reply(ctx, result)`, if any
+    code_version: str = ""  # of its module (versions.py): what its jobs' first claims record
 
     @property
     def max_attempts(self) -> int:
@@ -116,6 +117,7 @@ def _agents_from_module(module: ModuleType, catalog: Mapping[str, AgentConfig]) 
     single = not hasattr(module, "AGENTS")
     replies_of: Mapping[str, ReplyFn] = getattr(module, "REPLIES", {})
     agents = []
+    code_version = versions.of_module(module)
     for name, own_config in configs.items():
         config = own_config or catalog.get(name)
         if config is None:
@@ -135,6 +137,7 @@ def _agents_from_module(module: ModuleType, catalog: Mapping[str, AgentConfig]) 
                 permanent_errors=tuple(getattr(module, "PERMANENT_ERRORS", ())),
                 example_payload=getattr(module, "EXAMPLE_PAYLOAD", None),
                 reply=replies_of.get(name, getattr(module, "reply", None) if single else None),
+                code_version=code_version,
             )
         )
     return agents
@@ -167,6 +170,11 @@ class Registry:
             for name, agent in self.agents.items()
             if agent.config.max_concurrent or agent.config.max_concurrent_per_owner
         }
+
+    @cached_property
+    def versions(self) -> dict[str, str]:
+        """Each agent's code version, for the claims that record it (versions.py)."""
+        return {name: agent.code_version for name, agent in self.agents.items()}
 
     @cached_property
     def reply_steps(self) -> dict[str, ReplyFn]:

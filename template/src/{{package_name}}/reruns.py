@@ -220,6 +220,7 @@ async def rerun(
         budget_micros=route.budget_micros,
         deadline_at=deadline,
         rerun_of=job.id,
+        code_version=job.code_version,  # the reused records' code (versions.py)
     )
     ((new_id, _),) = await job_store.enqueue_many(conn, [new], now=now)
     await _copy(conn, rerun_plan, new_id, now)

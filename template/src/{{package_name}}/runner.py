@@ -33,6 +33,7 @@ from . import (
     recovery,
     replies,
     spend,
+    versions,
     waiting,
     webhooks,
 )
@@ -316,6 +317,7 @@ async def claim(runtime: Runtime, job_id: str) -> job_store.Job | None:
                 worker=runtime.worker_name,
                 now=_now(),
                 lease_s=runtime.settings.lease_s,
+                versions=runtime.registry.versions,
             )
     except DATABASE_ERRORS as exc:
         log.warning("claim_failed_database_unavailable", job_id=job_id, error=str(exc))
@@ -401,7 +403,10 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         on_budget=agent.config.on_budget,
         budget_id=job.budget_id,
     )
-    durable = Durable(runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue)
+    replay = await patiently(lambda: replay_of(runtime, job, agent), jlog)
+    durable = Durable(
+        runtime.engine, job.id, job.attempts, runtime.registry.routes, runtime.queue, replay
+    )
     timeout: float = min(
         agent.config.timeout_s, runtime.lane_timeouts.get(job.lane, agent.config.timeout_s)
     )
@@ -443,7 +448,30 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
     finally:
         runtime.running.leave(interrupt)
         await heartbeat.stop()
+        report_version_change(ctx, replay)
     return Outcome.completed(result)
+
+
+async def replay_of(runtime: Runtime, job: job_store.Job, agent: Agent) -> versions.Replay:
+    """What the run replays: the job's record (read only when it can have one), the code it
+    started on and the code this worker runs (versions.py)."""
+    record = versions.NOTHING
+    if versions.may_have_record(job):
+        async with runtime.engine.connect() as conn:
+            record = await versions.record_of(conn, job.id)
+    on_change = agent.config.on_version_change
+    return versions.Replay(record, job.code_version, agent.code_version, on_change)
+
+
+def report_version_change(ctx: AgentContext, replay: versions.Replay) -> None:
+    """A run of other code than the job started on that left recorded work unreached or
+    made new paid calls: logged, and a `version_changed` event for `jobs show`."""
+    report = replay.report()
+    if report is None:
+        return
+    ctx.log.warning("job_version_changed", **report)
+    if ctx.events is not None:
+        ctx.events.note(versions.EVENT, report)
 
 
 async def stopped(runtime: Runtime, run: Run) -> Outcome:

@@ -29,6 +29,7 @@ from .db import transaction
 from .models import steps
 
 NAME_MAX = 200
+PATCHED = "patched:"  # the names of recorded ctx.patched answers (versions.py)
 
 
 class StepError(ValueError):
@@ -67,6 +68,8 @@ class Steps:
     async def run(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         """`fn()`'s result, called at most once per job under `name` (once it succeeded)."""
         check_name(name)
+        if name.startswith(PATCHED):
+            raise StepError(f"step names starting {PATCHED!r} are the service's (ctx.patched)")
         async with self.engine.connect() as conn:
             found = await _stored(conn, self.job_id, name)
         if found is not None:

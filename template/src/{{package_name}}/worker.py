@@ -57,19 +57,20 @@ async def open_runtime(settings: Settings) -> Runtime:
     queue = await JobQueue.connect(settings)
     worker_name = f"{socket.gethostname()}:{os.getpid()}"
     engine = create_engine(settings)
+    found = registry.load(settings)
     batched: BatchedWrites | None = None
     if settings.batch_writes:
         options: dict[str, Any] = {
             "worker": worker_name,
             "lease_s": settings.lease_s,
             "window_s": settings.batch_window_s,
+            "versions": found.versions,
         }
         batched = (
             SqliteBatchedWrites(settings.database_url, **options)
             if settings.is_sqlite
             else PostgresBatchedWrites(settings.database_url, **options)
         )
-    found = registry.load(settings)
     metrics = Metrics()
     hooks = webhooks.of_engine(engine)
     limiter = Limiter(queue.pool)  # one set of registered scripts for the gate and the calls

@@ -22,6 +22,7 @@ from .. import (
     queries,
     reruns,
     steps,
+    versions,
 )
 from ..budgets import BudgetRefused, parse_budget
 from ..db import create_engine
@@ -168,6 +169,7 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
         list[approvals.Approval],
         list[queries.Job],
         dict[str, Any],
+        dict[str, Any] | None,
     ]:
         engine = create_engine(settings)
         try:
@@ -182,11 +184,12 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
                     await approvals.of_job(conn, job_id),
                     await queries.children_of(conn, job_id),
                     cost,
+                    await versions.last_report(conn, job_id),
                 )
         finally:
             await engine.dispose()
 
-    job, attempts, calls, done_steps, asked, kids, cost = run(go(), settings)
+    job, attempts, calls, done_steps, asked, kids, cost, changed = run(go(), settings)
     if job is None:
         fail(f"no job with id {job_id}")
     if as_json:
@@ -202,6 +205,7 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
             {"key": k.child_key, "id": k.id, "agent": k.agent, "state": k.state.value} for k in kids
         ]
         out["cost"] = cost
+        out["version_change"] = changed
         typer.echo(json.dumps(out, indent=2, default=str))
         return
     for key, value in job.as_dict().items():
@@ -209,7 +213,7 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
             typer.echo(f"{key:>17}  {'' if value is None else value}")
     typer.echo(f"{'payload':>17}  {json.dumps(job.payload)}")
     typer.echo(f"{'result':>17}  {json.dumps(job.result) if job.result is not None else ''}")
-    for line in cost_lines(cost):
+    for line in cost_lines(cost) + ([] if changed is None else versions.report_lines(changed)):
         typer.echo(line)
     typer.echo("")
     table(

@@ -232,6 +232,9 @@ class Job(Response):
     rerun_of: str | None = Field(
         description="The job this one reruns from one of its steps (jobs rerun)."
     )
+    code_version: str | None = Field(
+        description="The version of its agent's code the job started on (set at its first claim)."
+    )
 
 
 class Attempt(Response):
