@@ -41,6 +41,10 @@ class RerunRefused(ValueError):
     """A rerun that breaks a rule; the message says what to do. Nothing was written."""
 
 
+class NoSuchJob(RerunRefused):
+    """A rerun of a job that does not exist (the API's 404; every other refusal is a 409)."""
+
+
 @dataclass(frozen=True)
 class Call:
     """A paid call of the original job that the rerun will make again."""
@@ -127,7 +131,7 @@ async def plans(conn: AsyncConnection, job_id: str) -> list[RerunPlan]:
     record; RerunRefused for an unknown job or one still running or waiting."""
     job = await queries.get_job(conn, job_id)
     if job is None:
-        raise RerunRefused(f"no job {job_id}")
+        raise NoSuchJob(f"no job with id {job_id}")
     if job.state not in RERUNNABLE:
         raise RerunRefused(
             f"job {job_id} is {job.state.value}: rerun a job once it has ended (wait for it, "

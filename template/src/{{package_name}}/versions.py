@@ -17,13 +17,14 @@ old code made. Three things keep that safe, the way Temporal's and DBOS's patchi
   (as a step named `patched:NAME`, written before the job records anything after it), so
   each job gets the same answer on every later run.
 - **A run on other code than the job started on is checked against the record.** The record
-  is "replayed" while some recorded name is not reached yet. A paid call the record does not
-  have, made while replaying, is new spend where the old code spent under another name (a
-  renamed step, a renamed call): with `on_version_change: wait` the job parks before that
-  call on an approval named `version:<new version>` (approved: the call goes on; rejected:
-  the job fails); with `run` (the default) it goes on. Either way the run ends with a
-  `version_changed` event naming what it did not reach and the new paid calls, which
-  `jobs show` prints.
+  is "replayed" while some recorded step, paid call, approval or child is not reached yet
+  (the `patched:` answers and the `version:` approvals are not work and never count). A
+  paid call the record does not have, made while replaying, is new spend where the old code
+  spent under another name (a renamed step, a renamed call): with `on_version_change: wait`
+  the job parks before that call on an approval named `version:<new version>` (approved:
+  the call goes on; rejected: the job fails); with `run` (the default) it goes on. Either
+  way the run ends with a `version_changed` event naming what it did not reach and the new
+  paid calls, which `jobs show` prints.
 
 A job that started before 0014_code_versions has no version: its next claim records the one
 it runs on, as if it started then.
@@ -51,6 +52,7 @@ from .steps import PATCHED, check_name
 VERSION_MAX = 80
 PATCH_PREFIX = PATCHED  # a recorded `ctx.patched` answer is a step of this name
 EVENT = "version_changed"
+VERSION_APPROVAL = "version:"  # the approvals of new spend on changed code, by version
 # The kinds of recorded work, as the record and the reports name them.
 STEP, PAID_CALL, APPROVAL, CHILD = "step", "paid call", "approval", "child"
 
@@ -112,17 +114,23 @@ async def record_of(conn: AsyncConnection, job_id: str) -> Record:
     patches: dict[str, bool] = {}
     rows = await conn.execute(select(steps.c.name, steps.c.result).where(steps.c.job_id == job_id))
     for row in rows:
-        marks.add((STEP, row.name))
-        if row.name.startswith(PATCH_PREFIX):
+        if row.name.startswith(PATCH_PREFIX):  # an answer, not work: never "not reached"
             patches[row.name.removeprefix(PATCH_PREFIX)] = bool(row.result)
+        else:
+            marks.add((STEP, row.name))
     for kind, column, owner in (
         (PAID_CALL, paid_calls.c.name, paid_calls.c.job_id),
         (APPROVAL, approvals.c.name, approvals.c.job_id),
         (CHILD, jobs.c.child_key, jobs.c.parent_id),
     ):
         names = await conn.scalars(select(column).where(owner == job_id))
-        marks.update((kind, name) for name in names)
+        marks.update((kind, name) for name in names if not _is_version_approval(kind, name))
     return Record(frozenset(marks), patches)
+
+
+def _is_version_approval(kind: str, name: str) -> bool:
+    """An approval of new spend on changed code: asked only on the way, never replayed."""
+    return kind == APPROVAL and name.startswith(VERSION_APPROVAL)
 
 
 @dataclass
@@ -158,7 +166,6 @@ class Replay:
         answer = self.record.patches.get(name, self.answered.get(name))
         if answer is None:
             answer = self.answered[name] = self.pending[name] = not self.replaying
-        self.reach(STEP, PATCH_PREFIX + name)
         return answer
 
     async def save(self, engine: AsyncEngine, job_id: str, attempt: int) -> None:
@@ -188,11 +195,11 @@ class Replay:
     @property
     def approval(self) -> str:
         """The approval a job waits on before new spend of changed code."""
-        return f"version:{self.running}"[:200]
+        return f"{VERSION_APPROVAL}{self.running}"
 
     def not_reached(self) -> list[str]:
         """The recorded work this run has not reached, as "kind name"."""
-        left = self.record.marks - self.reached - {(APPROVAL, self.approval)}
+        left = self.record.marks - self.reached
         return [f"{kind} {name}" for kind, name in sorted(left)]
 
     def summary(self, name: str) -> str:

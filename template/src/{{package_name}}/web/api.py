@@ -254,8 +254,8 @@ async def cancel_job(request: Request, services: Services, principal: Principal)
 async def rerun_job(request: Request, services: Services, principal: Principal) -> Response:
     """Plan (`dry_run`) or make a rerun of a finished job from one of its recorded steps;
     the approver is the token's name, and a rerun that makes paid calls needs a reason. A
-    well-formed request the job's record refuses (a step it never recorded, a rerun that
-    spends without a reason) is a 409."""
+    well-formed request the job's record refuses (a job not ended, a step it never
+    recorded, a rerun that spends without a reason) is a 409; an unknown job a 404."""
     job_id = request.path_params["job_id"]
     body = await _json_object(request, ("from_step", "input", "reason", "dry_run"))
     from_step = body.get("from_step")
@@ -272,10 +272,6 @@ async def rerun_job(request: Request, services: Services, principal: Principal) 
             reruns.check_payload(wanted.input, services.settings.max_payload_bytes)
         except reruns.RerunRefused as exc:
             raise InputError(400, str(exc)) from None
-    async with services.engine.connect() as conn:
-        job = await queries.get_job(conn, job_id)
-    if job is None or job.state not in reruns.RERUNNABLE:
-        await _conflict_or_missing(services, job_id, "has not ended")
     try:
         outcome = await actions.rerun(
             services.settings,
@@ -287,7 +283,9 @@ async def rerun_job(request: Request, services: Services, principal: Principal) 
             reason="" if blank(reason) else reason,
             dry_run=wanted.dry_run,
         )
-    except reruns.RerunRefused as exc:  # the job's record: no such step, or it spends
+    except reruns.NoSuchJob as exc:
+        raise InputError(404, str(exc)) from None
+    except reruns.RerunRefused as exc:  # the job's record: its state, the step, no reason
         raise InputError(409, str(exc)) from None
     made = {**outcome.plan.as_dict(), "new_job_id": outcome.job_id}
     return reply(bodies.RerunPlan, made, status=200 if outcome.job_id is None else 201)
