@@ -156,6 +156,28 @@ ensure_chromium() {
   [ -x /usr/bin/chromium ] || _svc_die "/usr/bin/chromium still missing after apt-get install"
 }
 
+# ---- pgbouncer (the integration tier of one answer set runs through it) ----------------------
+ensure_pgbouncer() {
+  if [ -x /usr/sbin/pgbouncer ]; then
+    return 0
+  fi
+  if ! _svc_is_root; then
+    echo "error: /usr/sbin/pgbouncer not found; install it (e.g. sudo apt-get install -y pgbouncer) and re-run" >&2
+    exit 1
+  fi
+  local before after pid
+  before=" $(pgrep -x pgbouncer | tr "\n" " " || true) "
+  _svc_apt_install pgbouncer
+  # As for redis-server: stop a system pgbouncer the package may have started anyway.
+  after="$(pgrep -x pgbouncer || true)"
+  for pid in $after; do
+    case "$before" in *" $pid "*) continue ;; esac
+    _svc_log "stopping pgbouncer pid $pid started by the package install"
+    kill "$pid" 2>/dev/null || true
+  done
+  [ -x /usr/sbin/pgbouncer ] || _svc_die "/usr/sbin/pgbouncer still missing after apt-get install"
+}
+
 # ---- tmux (the real Copier prompts in an 80-column terminal) -------------------------------------
 ensure_tmux() {
   if command -v tmux >/dev/null 2>&1; then

@@ -4,7 +4,7 @@
 # 1. creates .venv and installs requirements-dev.txt (skipped when unchanged),
 # 2. makes sure redis-server, prometheus and promtool are on PATH (tests start their own),
 #    that Debian's chromium is installed (the rendered console's browser tests) and tmux (the
-#    prompts in an 80-column terminal),
+#    prompts in an 80-column terminal) and pgbouncer (one answer set's suite runs through it),
 # 3. starts a throwaway PostgreSQL on a free 127.0.0.1 port (stopped and deleted on exit),
 # 4. runs the suite from the repo root: with arguments, `pytest tests --durations=25 "$@"`;
 #    without, the quick tests in two processes (`-m "not slow" -n 2`) and then the slow ones
@@ -13,7 +13,8 @@
 #    either pass failed.
 #
 # Exported for the tests: TEST_DATABASE_URL (superuser URL that can CREATE DATABASE),
-# TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_TMUX, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR.
+# TEST_REDIS_SERVER (path of redis-server), TEST_PROMETHEUS, TEST_PROMTOOL, TEST_TMUX, TEST_PG_HOST, TEST_PG_PORT, TEST_PG_BINDIR,
+# TEST_PGBOUNCER (path of pgbouncer; the generated suites start their own).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -34,6 +35,8 @@ TEST_TMUX="$(command -v tmux)"
 export TEST_REDIS_SERVER
 TEST_REDIS_SERVER="$(command -v redis-server)"
 ensure_prometheus
+ensure_pgbouncer
+export TEST_PGBOUNCER=/usr/sbin/pgbouncer
 export TEST_PROMETHEUS TEST_PROMTOOL
 TEST_PROMETHEUS="$(command -v prometheus)"
 TEST_PROMTOOL="$(command -v promtool)"

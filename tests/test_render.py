@@ -362,15 +362,30 @@ def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
 
 
+# The PostgreSQL answer sets whose suite reaches PostgreSQL through a PgBouncer in transaction
+# pooling mode (the generated conftest starts it from $TEST_PGBOUNCER): the unit, integration
+# and agent tests of a fast tier, at no extra time.
+THROUGH_PGBOUNCER = {"support-desk"}
+
+
 def databases_of(name: str) -> str:
     """$TEST_DATABASES for the generated suite of answer set `name`: the database it
-    answered (running every test on both doubled a whole suite's time, to near its bound)."""
+    answered (running every test on both doubled a whole suite's time, to near its bound),
+    through PgBouncer for the sets in THROUGH_PGBOUNCER."""
+    if name in THROUGH_PGBOUNCER:
+        return "pgbouncer"
     return str(ANSWER_SETS[name].get("database", "sqlite"))
 
 
 def test_each_database_meets_every_generated_test_in_a_full_tier() -> None:
     full = {databases_of(name) for name in TIERS if TIERS[name] == "full"}
     assert full == {"sqlite", "postgresql"}
+
+
+def test_the_integration_tier_runs_through_pgbouncer_for_a_postgresql_answer_set() -> None:
+    for name in THROUGH_PGBOUNCER:
+        assert ANSWER_SETS[name]["database"] == "postgresql" and TIERS[name] == "fast", name
+        assert "tests/integration" in FAST_TIER
 
 
 def failed_tests(output: str) -> str:

@@ -218,8 +218,12 @@ class Completion:
 class PostgresBatchedWrites(BatchedWrites):
     """Each batch in one statement, on two asyncpg connections of the worker's own."""
 
-    def __init__(self, database_url: str, **options: Any) -> None:
+    def __init__(self, database_url: str, *, pooling: str = "session", **options: Any) -> None:
         super().__init__(**options)
+        # Behind a transaction pooler (db.postgres_connect_args): no cached or named
+        # statements, and each batch in a transaction, so it is prepared and run on one
+        # server connection.
+        self._in_transaction = pooling == "transaction"
         url = make_url(database_url).set(drivername="postgresql")
         self._dsn = url.render_as_string(hide_password=False)
         self._connections: dict[str, asyncpg.Connection] = {}
@@ -249,9 +253,15 @@ class PostgresBatchedWrites(BatchedWrites):
         try:
             connection = self._connections.get(name)
             if connection is None or connection.is_closed():
-                connection = await asyncpg.connect(self._dsn, timeout=10)
+                cache = {"statement_cache_size": 0} if self._in_transaction else {}
+                connection = await asyncpg.connect(self._dsn, timeout=10, **cache)
                 self._connections[name] = connection
-            rows: Sequence[asyncpg.Record] = await connection.fetch(sql, *args)
+            rows: Sequence[asyncpg.Record]
+            if self._in_transaction:
+                async with connection.transaction():
+                    rows = await connection.fetch(sql, *args)
+            else:
+                rows = await connection.fetch(sql, *args)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             dropped = self._connections.pop(name, None)
             if dropped is not None:

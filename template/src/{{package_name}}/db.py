@@ -30,12 +30,42 @@ def create_engine(settings: Settings) -> AsyncEngine:
         # Bounded whatever max_jobs is (up to 500 by default): a job that touches the
         # database waits its turn for a connection rather than each worker opening hundreds.
         pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
-        engine = create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
+        engine = create_async_engine(
+            url,
+            pool_size=pool_size,
+            pool_pre_ping=True,
+            connect_args=postgres_connect_args(settings.database_pooling),
+        )
     if not settings.webhooks:
         return engine
     from . import catalog, webhooks  # only a service with webhooks imports them here
 
     return webhooks.attach(engine, webhooks.from_settings(settings, catalog.AGENTS))
+
+
+def postgres_connect_args(pooling: str) -> dict[str, Any]:
+    """asyncpg's options for a database behind a pooler that lends a server connection per
+    transaction (`<PREFIX>DATABASE_POOLING=transaction`: PgBouncer's pool_mode = transaction).
+
+    asyncpg names and caches every prepared statement on its connection by default; behind
+    such a pooler the next transaction may run on another server connection, where the name
+    is unknown or already taken ("prepared statement __asyncpg_stmt_1__ already exists").
+    So nothing is cached, and every statement is PostgreSQL's unnamed one, which the next
+    replaces: none outlives the transaction that prepared it, and none piles up on a server.
+    Every statement the service sends through SQLAlchemy runs inside a transaction, so it
+    is prepared and run on the one server connection that transaction holds.
+    """
+    if pooling != "transaction":
+        return {}
+    return {
+        "statement_cache_size": 0,  # asyncpg's own cache
+        "prepared_statement_cache_size": 0,  # SQLAlchemy's
+        "prepared_statement_name_func": _unnamed,
+    }
+
+
+def _unnamed() -> str:
+    return ""
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -86,4 +116,6 @@ def migrate(settings: Settings, revision: str = "heads") -> None:
     from alembic import command
 
     check_database(settings)
-    command.upgrade(alembic_config(settings.database_url), revision)
+    config = alembic_config(settings.database_url)
+    config.attributes["database_pooling"] = settings.database_pooling  # read by env.py
+    command.upgrade(config, revision)

@@ -69,7 +69,9 @@ async def open_runtime(settings: Settings) -> Runtime:
         batched = (
             SqliteBatchedWrites(settings.database_url, **options)
             if settings.is_sqlite
-            else PostgresBatchedWrites(settings.database_url, **options)
+            else PostgresBatchedWrites(
+                settings.database_url, pooling=settings.database_pooling, **options
+            )
         )
     metrics = Metrics()
     hooks = webhooks.of_engine(engine)
