@@ -388,11 +388,26 @@ def test_the_integration_tier_runs_through_pgbouncer_for_a_postgresql_answer_set
         assert "tests/integration" in FAST_TIER
 
 
+MAX_E_LINES = 60  # of the failure reports, in failed_tests
+
+
 def failed_tests(output: str) -> str:
-    """The names of a generated suite's failed tests (its `-ra` summary), which a long
-    failure report can push out of the tail that an assertion message shows."""
+    """The names of a generated suite's failed tests (its `-ra` summary) and the `E` lines
+    of their reports (what each assertion or error said), which a long failure report and
+    its captured logs can push out of the tail that an assertion message shows."""
     names = re.findall(r"^(?:FAILED|ERROR) .*$", output, re.M)
-    return "\n".join(["generated tests that failed:", *names, "", ""]) if names else ""
+    if not names:
+        return ""
+    said = re.findall(r"^E {3}.*$", output, re.M)[:MAX_E_LINES]
+    return "\n".join(["generated tests that failed:", *names, "", *said, "", ""])
+
+
+def test_a_failed_generated_test_shows_what_its_report_said() -> None:
+    output = "_ test_x _\n    def test_x():\n>       assert 1 == 2\nE       assert 1 == 2\n"
+    output += "-- Captured log --\nlots of lines\nFAILED tests/test_a.py::test_x - assert 1 == 2\n"
+    shown = failed_tests(output)
+    assert "FAILED tests/test_a.py::test_x" in shown and "E       assert 1 == 2" in shown
+    assert "lots of lines" not in shown and failed_tests("1 passed") == ""
 
 
 @pytest.mark.slow
