@@ -243,12 +243,15 @@ class PaidCalls:
     async def _check_count(self, conn: AsyncConnection, name: str, most: int) -> None:
         """Refuse the call past `most` (the agent's `max_paid_calls`) for this job. Every call
         that was or may have been charged counts, over all attempts; one refused before it
-        was sent (`NotCharged`) leaves no row and does not."""
+        was sent (`NotCharged`) leaves no row and does not, nor does one a rerun copied from
+        the job it reruns (attempt 0: made and paid by that job, reruns.py)."""
         # A write to the job's row first: two calls of one job opened at once are counted one
         # after the other (on SQLite it also takes the write lock before any read).
         await conn.execute(update(jobs).where(jobs.c.id == self.job_id).values(id=jobs.c.id))
         made = await conn.scalar(
-            select(func.count()).select_from(paid_calls).where(paid_calls.c.job_id == self.job_id)
+            select(func.count())
+            .select_from(paid_calls)
+            .where(paid_calls.c.job_id == self.job_id, paid_calls.c.attempt > 0)
         )
         if int(made or 0) >= most:
             raise spend.SpendDenied(
