@@ -92,6 +92,24 @@ _svc_apt_install() {
   rm -f "$log"
 }
 
+# apt-get install PACKAGE, then stop the PROCESS processes that appeared: belt and braces, in
+# case the package started its service anyway (policy-rc.d already present and permissive,
+# systemd ignoring it, ...). Tests start their own servers.
+_svc_install_stopping() {
+  local package="$1" process="$2" before after pid
+  before=" $(pgrep -x "$process" | tr "\n" " " || true) "
+  _svc_apt_install "$package"
+  after="$(pgrep -x "$process" || true)"
+  for pid in $after; do
+    case "$before" in *" $pid "*) continue ;; esac
+    _svc_log "stopping $process pid $pid started by the package install"
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      systemctl stop "$process.service" >/dev/null 2>&1 || true
+    fi
+    kill "$pid" 2>/dev/null || true
+  done
+}
+
 # ---- redis-server ---------------------------------------------------------------------------
 ensure_redis_server() {
   if command -v redis-server >/dev/null 2>&1; then
@@ -101,20 +119,7 @@ ensure_redis_server() {
     echo "error: redis-server not found on PATH; install it (e.g. sudo apt-get install -y redis-server) and re-run" >&2
     exit 1
   fi
-  local before after pid
-  before=" $(pgrep -x redis-server | tr "\n" " " || true) "
-  _svc_apt_install redis-server
-  # Belt and braces: if the package started a system redis anyway (policy-rc.d already present
-  # and permissive, systemd ignoring it, ...), stop exactly the processes that appeared.
-  after="$(pgrep -x redis-server || true)"
-  for pid in $after; do
-    case "$before" in *" $pid "*) continue ;; esac
-    _svc_log "stopping redis-server pid $pid started by the package install"
-    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-      systemctl stop redis-server.service >/dev/null 2>&1 || true
-    fi
-    kill "$pid" 2>/dev/null || true
-  done
+  _svc_install_stopping redis-server redis-server
   command -v redis-server >/dev/null 2>&1 || _svc_die "redis-server still not on PATH after apt-get install"
 }
 
@@ -127,19 +132,7 @@ ensure_prometheus() {
     echo "error: prometheus/promtool not found on PATH; install them (e.g. sudo apt-get install -y prometheus) and re-run" >&2
     exit 1
   fi
-  local before after pid
-  before=" $(pgrep -x prometheus | tr "\n" " " || true) "
-  _svc_apt_install prometheus
-  # As for redis-server: stop a system prometheus the package may have started anyway.
-  after="$(pgrep -x prometheus || true)"
-  for pid in $after; do
-    case "$before" in *" $pid "*) continue ;; esac
-    _svc_log "stopping prometheus pid $pid started by the package install"
-    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-      systemctl stop prometheus.service >/dev/null 2>&1 || true
-    fi
-    kill "$pid" 2>/dev/null || true
-  done
+  _svc_install_stopping prometheus prometheus
   command -v promtool >/dev/null 2>&1 || _svc_die "promtool still not on PATH after apt-get install"
 }
 
@@ -165,16 +158,7 @@ ensure_pgbouncer() {
     echo "error: /usr/sbin/pgbouncer not found; install it (e.g. sudo apt-get install -y pgbouncer) and re-run" >&2
     exit 1
   fi
-  local before after pid
-  before=" $(pgrep -x pgbouncer | tr "\n" " " || true) "
-  _svc_apt_install pgbouncer
-  # As for redis-server: stop a system pgbouncer the package may have started anyway.
-  after="$(pgrep -x pgbouncer || true)"
-  for pid in $after; do
-    case "$before" in *" $pid "*) continue ;; esac
-    _svc_log "stopping pgbouncer pid $pid started by the package install"
-    kill "$pid" 2>/dev/null || true
-  done
+  _svc_install_stopping pgbouncer pgbouncer
   [ -x /usr/sbin/pgbouncer ] || _svc_die "/usr/sbin/pgbouncer still missing after apt-get install"
 }
 
