@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import errno
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
 from ..settings import ENV_PREFIX, SettingsError
 from .metrics import CONTENT_TYPE
-from .probes import Readiness
 
 log = structlog.get_logger("http")
 
@@ -30,13 +30,20 @@ class HttpPortUnavailable(SettingsError):
     """The configured host and port cannot be bound (in use, or not this machine's)."""
 
 
+class ReadinessCheck(Protocol):
+    """What `/readyz` asks: None when ready, else one line saying why not (probes.Readiness
+    for a worker, supervisor.ChildrenReady for `worker --processes N`)."""
+
+    async def check(self) -> str | None: ...
+
+
 class ProbeServer:
     """Serves the three paths for one worker process: `metrics_text` renders `/metrics`."""
 
     def __init__(
         self,
         metrics_text: Callable[[], Awaitable[bytes]],
-        readiness: Readiness,
+        readiness: ReadinessCheck,
         host: str,
         port: int,
     ) -> None:

@@ -12,11 +12,15 @@ Two kinds of series:
   often Prometheus scrapes.
 
 Each runtime has its own `CollectorRegistry`, so several runtimes (tests) never share series.
+A worker process that `worker --processes N` started (supervisor.py) runs in Prometheus'
+multiprocess mode: its series go to files the supervisor adds up and serves, and the
+service-wide gauges are the supervisor's alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -61,6 +65,13 @@ COST_BUCKETS = (0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 100)
 # What a finished run is counted as when the runner ends without a recorded state.
 RETRIED = "retried"
 NOT_RECORDED = "not_recorded"
+# Set by the supervisor for its worker processes (prometheus_client reads it at import).
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def in_multiprocess_mode() -> bool:
+    """Whether this process is a supervised worker, writing its series for the supervisor."""
+    return bool(os.environ.get(MULTIPROCESS_ENV))
 
 
 class Metrics:
@@ -91,7 +102,11 @@ class Metrics:
             registry=registry,
         )
         self.jobs_running = Gauge(
-            "agent_worker_jobs_running", "Jobs this process runs now", ["lane"], registry=registry
+            "agent_worker_jobs_running",
+            "Jobs this process runs now (under a supervisor: its processes')",
+            ["lane"],
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.claims_refused = Counter(
             "agent_worker_claims_refused",
@@ -145,9 +160,11 @@ class Metrics:
             "agent_worker_process_start_time_seconds",
             "When this worker process started (Unix time); a change is a restart",
             registry=registry,
+            multiprocess_mode="liveall",
         )
         self.process_start.set(time.time())
-        self.service = ServiceGauges(registry)
+        # A supervised process leaves the service-wide gauges to its supervisor.
+        self.service = None if in_multiprocess_mode() else ServiceGauges(registry)
 
     # The runner's two points ----------------------------------------------------------------
 
@@ -223,7 +240,8 @@ class Metrics:
     async def render(self, engine: AsyncEngine, queue: JobQueue, lanes: Iterable[str]) -> bytes:
         """The text Prometheus scrapes, with the service-wide gauges brought up to date from
         the database behind `engine` and the Redis of `queue` (its `lanes`)."""
-        await self.service.refresh(engine, queue, lanes)
+        if self.service is not None:
+            await self.service.refresh(engine, queue, lanes)
         return generate_latest(self.registry)
 
 
