@@ -155,8 +155,10 @@ class Supervisor:
     async def _keep(self, child: Child) -> None:
         """Run `child`, and start it again when it dies, until the drain (or its burst) ends."""
         while True:
+            # Its own session: a terminal's Ctrl-C reaches the supervisor alone, which passes
+            # it on once (a worker drains on the first signal it gets).
             child.process = await asyncio.create_subprocess_exec(
-                *self.command(), env=self.environment()
+                *self.command(), env=self.environment(), start_new_session=True
             )
             child.started_at = time.monotonic()
             log.info("worker_process_started", number=child.number, pid=child.process.pid)
