@@ -16,7 +16,9 @@ each serving every lane asked for, with its HTTP endpoint off) and keeps them ru
   1 s after a run of a minute or more), as a lane's arq worker is (lanes.py).
 - **SIGTERM or SIGINT drains them all**: each child gets the signal and drains as a single
   worker does (running jobs get their lane's timeout); the supervisor exits when the last
-  one has, with 0 if every child exited cleanly.
+  one has, with 0 if every child exited cleanly. A child that exits 2 (its settings or
+  agents are wrong, which a restart cannot mend) drains the others, and the supervisor
+  exits 2.
 - With `--burst`, each child stops when the queues are empty and none is started again.
 """
 
@@ -50,6 +52,7 @@ PACKAGE = __name__.rsplit(".", 1)[0]
 PROCESSES_MAX = 256
 RESTART_PAUSE_S = (1.0, 15.0)
 HEALTHY_RUN_S = 60.0  # a child that ran this long starts again after the shortest pause
+BAD_INPUT = 2  # a worker's exit code for bad settings or agents (cli/support.fail)
 
 
 class ProcessCountError(ValueError):
@@ -148,9 +151,11 @@ class Supervisor:
             await queue.close()
             await engine.dispose()
             shutil.rmtree(self.directory, ignore_errors=True)
-        failed = [child.number for child in self.children if child.exit_codes[-1:] != [0]]
-        log.info("supervisor_stopped", failed_processes=failed)
-        return 1 if failed else 0
+        last = [child.exit_codes[-1] if child.exit_codes else 1 for child in self.children]
+        log.info("supervisor_stopped", exit_codes=last)
+        if BAD_INPUT in last:
+            return BAD_INPUT
+        return 0 if set(last) == {0} else 1
 
     async def _keep(self, child: Child) -> None:
         """Run `child`, and start it again when it dies, until the drain (or its burst) ends."""
@@ -168,6 +173,10 @@ class Supervisor:
                 child.process.pid, str(self.directory)
             )
             if self.stopping.is_set() or self.burst:
+                return
+            if code == BAD_INPUT:  # its settings or agents are wrong: a restart cannot help
+                log.error("worker_process_refused_to_start", number=child.number, exit_code=code)
+                self._drain(signal.SIGTERM)
                 return
             ran_s = time.monotonic() - child.started_at
             if ran_s >= HEALTHY_RUN_S:
