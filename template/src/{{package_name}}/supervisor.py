@@ -102,6 +102,7 @@ class Supervisor:
         self.burst = burst
         self.children = [Child(number) for number in range(1, processes + 1)]
         self.stopping = asyncio.Event()
+        self.drained_by: int | None = None  # the signal that drains the children
         self.directory = Path(tempfile.mkdtemp(prefix=f"{PACKAGE}-metrics-"))
         self.registry = CollectorRegistry(auto_describe=True)
         # prometheus_client's multiprocess module has no type hints.
@@ -168,6 +169,10 @@ class Supervisor:
             child.started_at = time.monotonic()
             log.info("worker_process_started", number=child.number, pid=child.process.pid)
             code = await child.process.wait()
+            if self.drained_by is not None and code == -self.drained_by:
+                # Ended by the drain's signal itself: it came before the process had set up
+                # its handlers (it had only just started), so it held no job.
+                code = 0
             child.exit_codes.append(code)
             multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
                 child.process.pid, str(self.directory)
@@ -200,6 +205,7 @@ class Supervisor:
     def _drain(self, signum: int) -> None:
         log.info("supervisor_draining", signal=signal.Signals(signum).name)
         self.stopping.set()
+        self.drained_by = self.drained_by or signum
         for child in self.children:
             if child.running and child.process is not None:
                 child.process.send_signal(signum)
