@@ -11,7 +11,8 @@ each serving every lane asked for, with its HTTP endpoint off) and keeps them ru
   running summed over the live ones, the other gauges per process (a `pid` label). The
   service-wide gauges (jobs by state, queue depths, spend) are read once, by the supervisor,
   plus `agent_worker_processes` and `agent_worker_process_restarts_total`. `/readyz` is 200
-  while every child runs.
+  while every child is up: running, with its runtime open and its lanes started (a child
+  writes a marker file into that directory then).
 - **A child that dies is started again** after a pause that doubles from 1 s to 15 s (back to
   1 s after a run of a minute or more), as a lane's arq worker is (lanes.py).
 - **SIGTERM or SIGINT drains them all**: each child gets the signal and drains as a single
@@ -42,7 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .db import create_engine
 from .observe.http_server import ProbeServer
-from .observe.metrics import MULTIPROCESS_ENV, ServiceGauges
+from .observe.metrics import MULTIPROCESS_ENV, ServiceGauges, started_marker
 from .queue import JobQueue
 from .settings import ENV_PREFIX, Settings
 
@@ -89,6 +90,12 @@ class Child:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    def up(self, directory: Path) -> bool:
+        """Running, with its runtime open and its lanes started (its marker in `directory`)."""
+        if self.process is None or self.process.returncode is not None:
+            return False
+        return started_marker(directory, self.process.pid).exists()
 
 
 class Supervisor:
@@ -177,6 +184,7 @@ class Supervisor:
             multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
                 child.process.pid, str(self.directory)
             )
+            started_marker(self.directory, child.process.pid).unlink(missing_ok=True)
             if self.stopping.is_set() or self.burst:
                 return
             if code == BAD_INPUT:  # its settings or agents are wrong: a restart cannot help
@@ -213,23 +221,24 @@ class Supervisor:
     def _server(self, engine: AsyncEngine, queue: JobQueue) -> ProbeServer:
         async def metrics_text() -> bytes:
             await self.service.refresh(engine, queue, self.lanes)
-            running = sum(child.running for child in self.children)
+            running = sum(child.up(self.directory) for child in self.children)
             self.alive.labels("running").set(running)
             self.alive.labels("wanted").set(len(self.children))
             return generate_latest(self.registry)
 
-        ready = ChildrenReady(self.children)
+        ready = ChildrenReady(self.children, self.directory)
         return ProbeServer(metrics_text, ready, self.settings.http_host, self.settings.http_port)
 
 
 @dataclass
 class ChildrenReady:
-    """`/readyz` of the supervisor: ready while every child runs."""
+    """`/readyz` of the supervisor: ready while every child is up."""
 
     children: list[Child]
+    directory: Path
 
     async def check(self) -> str | None:
-        running = sum(child.running for child in self.children)
-        if running == len(self.children):
+        up = sum(child.up(self.directory) for child in self.children)
+        if up == len(self.children):
             return None
-        return f"{running} of {len(self.children)} worker processes running"
+        return f"{up} of {len(self.children)} worker processes up"

@@ -34,7 +34,7 @@ from .lanes import worker_settings as worker_settings
 from .limits import CallLimits, Limiter
 from .limits.gate import Gate
 from .observe.http_server import ProbeServer
-from .observe.metrics import Metrics
+from .observe.metrics import MULTIPROCESS_ENV, Metrics, in_multiprocess_mode, started_marker
 from .observe.probes import Readiness
 from .queue import JobQueue
 from .recovery import reconcile
@@ -143,6 +143,7 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     deliverer = runtime.deliverer
     sends = None if burst or deliverer is None else asyncio.create_task(deliverer.run())
     log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
+    tell_supervisor()
     try:
         await asyncio.gather(*(s.run() for s in supervisors))
     finally:
@@ -163,6 +164,12 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
             await http.close()
         await close_runtime(runtime)
         log.info("worker_stopped", worker=runtime.worker_name)
+
+
+def tell_supervisor() -> None:
+    """Under `worker --processes N`, mark this process up for its supervisor (supervisor.py)."""
+    if in_multiprocess_mode():
+        started_marker(os.environ[MULTIPROCESS_ENV], os.getpid()).touch()
 
 
 async def serve_http(

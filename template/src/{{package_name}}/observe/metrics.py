@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -72,6 +73,12 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 def in_multiprocess_mode() -> bool:
     """Whether this process is a supervised worker, writing its series for the supervisor."""
     return bool(os.environ.get(MULTIPROCESS_ENV))
+
+
+def started_marker(directory: str | Path, pid: int) -> Path:
+    """The file a supervised worker writes into its supervisor's `directory` once its runtime
+    is open and its lanes start: how the supervisor knows it is up (`/readyz`)."""
+    return Path(directory) / f"started-{pid}"
 
 
 class Metrics:
