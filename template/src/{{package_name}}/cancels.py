@@ -53,7 +53,8 @@ LOOK_EVERY_S = 0.5
 STOPPED = "an operator cancelled the job while it ran"
 # Why a cancelled job's pending approval was closed (`expired`, decided by the actor).
 CANCELLED = "the job was cancelled"
-# The audit log's actor for a child reached when its stopped parent ended (after_stop).
+# The actor for what a stop settles after the request: a child reached when its stopped
+# parent ended (after_stop, in the audit log), an approval the stopped job had just asked for.
 AFTER_STOP = "cancel"
 
 
@@ -80,6 +81,13 @@ async def _cancelled(conn: AsyncConnection, job_id: str, *, by: str, now: dateti
         return False
     await approvals.close_pending(conn, job_id, by=by, reason=CANCELLED, now=now)
     return True
+
+
+async def close_asked(conn: AsyncConnection, job_id: str, *, now: datetime) -> None:
+    """A running job a cancel stopped: close an approval it asked for and never waited on
+    (it recorded the approval, then found the stop when it went to park), `expired` by
+    AFTER_STOP, in `conn`'s transaction. Nobody is left to decide it."""
+    await approvals.close_pending(conn, job_id, by=AFTER_STOP, reason=CANCELLED, now=now)
 
 
 async def cancel(

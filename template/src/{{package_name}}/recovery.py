@@ -37,7 +37,17 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import approvals, children, deadlines, job_store, paid_calls, queries, registry, replies
+from . import (
+    approvals,
+    cancels,
+    children,
+    deadlines,
+    job_store,
+    paid_calls,
+    queries,
+    registry,
+    replies,
+)
 from .db import create_engine, transaction
 from .queue import JobQueue, Push
 from .settings import Settings
@@ -208,6 +218,7 @@ async def rescue(conn: AsyncConnection, job_id: str, *, now: datetime) -> JobSta
         await paid_calls.park_open_calls(conn, job_id)
         return JobState.IN_DOUBT
     if await job_store.stop_abandoned(conn, job_id, now=now):
+        await cancels.close_asked(conn, job_id, now=now)
         return JobState.CANCELLED
     if await job_store.exhaust(conn, job_id, now=now):
         return JobState.DEAD_LETTERED

@@ -215,6 +215,10 @@ async def _record_reply(conn: AsyncConnection, run: Run, now: datetime) -> None:
         await replies.record_pending(conn, run.job.id, run.job.agent, now)
 
 
+async def _close_asked(conn: AsyncConnection, run: Run, now: datetime) -> None:
+    await cancels.close_asked(conn, run.job.id, now=now)
+
+
 async def _park_open_calls(conn: AsyncConnection, run: Run, now: datetime) -> None:
     await paid_calls.park_open_calls(conn, run.job.id)
 
@@ -246,7 +250,7 @@ OUTCOMES: dict[Kind, Fate] = {
     Kind.DENIED: Fate("deny", job_store.deny, Then.RETURN),
     Kind.IN_DOUBT: Fate("mark_in_doubt", job_store.mark_in_doubt, Then.RETURN, _park_open_calls),
     Kind.WAITING: Fate("wait", waiting.park, Then.PARK),
-    Kind.CANCELLED: Fate("stop", job_store.stop, Then.RETURN),
+    Kind.CANCELLED: Fate("stop", job_store.stop, Then.RETURN, _close_asked),
 }
 
 
@@ -628,6 +632,7 @@ async def write_outcome(runtime: Runtime, run: Run, outcome: Outcome) -> JobStat
         if not written and fate.then is not Then.RETURN:
             # Refused to queue or park a job asked to stop (cancels.py): stop it instead.
             if await job_store.stop(conn, job.id, attempt=job.attempts, error=STOPPED, now=now):
+                await cancels.close_asked(conn, job.id, now=now)
                 return JobState.CANCELLED
     if not written:
         return None
