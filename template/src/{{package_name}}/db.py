@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .settings import Settings, async_database_url, check_database
@@ -33,14 +33,50 @@ def create_engine(settings: Settings) -> AsyncEngine:
         engine = create_async_engine(
             url,
             pool_size=pool_size,
-            pool_pre_ping=True,
+            # Behind a pooler a server connection can die unseen by ours: ping it there.
+            pool_pre_ping=settings.database_pooling == "transaction",
             connect_args=postgres_connect_args(settings.database_pooling),
         )
+        event.listen(engine.sync_engine, "checkout", replace_closed)
     if not settings.webhooks:
         return engine
     from . import catalog, webhooks  # only a service with webhooks imports them here
 
     return webhooks.attach(engine, webhooks.from_settings(settings, catalog.AGENTS))
+
+
+def replace_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Hand out no pooled connection the server (or a pooler) has closed: the pool opens a
+    new one instead. No round trip: asyncpg sees the server close the socket as it happens.
+
+    On a direct connection this stands in for SQLAlchemy's `pool_pre_ping`, which with
+    asyncpg costs three round trips on every checkout (BEGIN, a query, ROLLBACK): three of
+    the five a one-job submit made. What only a ping would find, a connection whose network
+    path died without a word, fails its first statement and is then discarded, as one that
+    dies mid-transaction is. Behind a pooler (`DATABASE_POOLING=transaction`) the engine
+    pings as well: there a dead server connection does not close ours, and the pooler
+    only tells the next query ("server conn crashed?").
+    """
+    raw = getattr(dbapi_connection, "_connection", None)  # asyncpg's Connection
+    if raw is not None and raw.is_closed():
+        raise exc.DisconnectionError("the database closed this pooled connection")
+
+
+@asynccontextmanager
+async def one_statement(engine: AsyncEngine, pooling: str) -> AsyncIterator[AsyncConnection]:
+    """A connection whose statements each commit on their own: no BEGIN and COMMIT round
+    trips around a write that is one statement (a job's INSERT).
+
+    Behind a pooler in transaction mode (`pooling == "transaction"`) it is a transaction
+    after all: an unnamed statement's prepare and execute must reach the same server
+    connection, which the pooler only promises within a transaction.
+    """
+    if pooling == "transaction":
+        async with engine.begin() as conn:
+            yield conn
+        return
+    async with engine.connect() as conn:
+        yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def postgres_connect_args(pooling: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import structlog
 
 from . import deadlines, job_store
 from .budgets import BudgetRefused, parse_budget
-from .db import create_engine, transaction
+from .db import create_engine, one_statement, transaction
 from .observe import tracing
 from .queries import PRIORITIES
 from .queue import JobQueue, Push, QueueUnavailable
@@ -187,7 +187,13 @@ class Submitter:
     async def _submit(
         self, row: job_store.NewJob, span: tracing.Submit, now: datetime
     ) -> tuple[str, bool]:
-        async with transaction(self.engine) as conn:
+        # Without a budget the job is one INSERT, which commits on its own; a budget is a
+        # second row, written in the same transaction.
+        if row.budget_micros is None:
+            recording = one_statement(self.engine, self.settings.database_pooling)
+        else:
+            recording = transaction(self.engine)
+        async with recording as conn:
             ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=now)
         span.recorded(job_id)
         if not created:
