@@ -577,7 +577,7 @@ async def _json_object(
     request: Request, fields: tuple[str, ...], *, empty_ok: bool = False
 ) -> dict[str, Any]:
     raw = await _read_body(request)
-    if empty_ok and not raw.strip():
+    if empty_ok and not raw:  # no body at all; whitespace alone is not JSON (a 400)
         return {}
     try:
         body = json.loads(raw)
