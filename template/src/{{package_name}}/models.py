@@ -64,6 +64,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 # The jobs with a deadline that may still pass it: queued or waiting (a running attempt
 # is bounded by its runner).
 LIVE = text("deadline_at IS NOT NULL AND state IN ('queued', 'waiting')")
+# The jobs that have finished (or parked): the retention sweep's and the console chart's.
+FINISHED = text("finished_at IS NOT NULL")
 
 jobs = Table(
     "jobs",
@@ -117,6 +119,10 @@ jobs = Table(
     Index("uq_jobs_parent_id_child_key", "parent_id", "child_key", unique=True),
     # Only the jobs the deadline sweep may fail, so the sweep never reads finished ones.
     Index("ix_jobs_deadline_at_live", "deadline_at", postgresql_where=LIVE, sqlite_where=LIVE),
+    # 0015_job_history: `jobs list` (newest first) and the reads by finish time (retention,
+    # the console's last hour), so none of them reads the whole history (docs/SCALING.md).
+    Index("ix_jobs_created_at_id", "created_at", "id"),
+    Index("ix_jobs_finished_at", "finished_at", postgresql_where=FINISHED, sqlite_where=FINISHED),
 )
 
 attempts = Table(

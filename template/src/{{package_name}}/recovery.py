@@ -144,7 +144,7 @@ async def reconcile(
 async def rows_to_examine(engine: AsyncEngine) -> int:
     """How many rows a pass would examine now (a progress bar's total)."""
     async with engine.connect() as conn:
-        queued = (await queries.count_by_state(conn)).get(JobState.QUEUED.value, 0)
+        queued = await queries.count_in_state(conn, JobState.QUEUED)
         expired = await queries.count_expired_leases(conn, now=datetime.now(UTC))
     return queued + expired
 

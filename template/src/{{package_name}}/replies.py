@@ -131,7 +131,9 @@ async def unsent(conn: AsyncConnection) -> int:
     """How many replies are not sent yet."""
     return int(
         await conn.scalar(
-            select(func.count()).select_from(replies).where(replies.c.state != "sent")
+            select(func.count())
+            .select_from(replies)
+            .where(replies.c.state.in_(("pending", "sending")))  # the state index, not a scan
         )
         or 0
     )

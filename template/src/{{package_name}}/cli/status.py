@@ -82,7 +82,9 @@ def stats(as_json: JsonFlag = False) -> None:
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
-    table(["state", "jobs"], [[s, str(n)] for s, n in out["jobs_by_state"].items()])
+    rough = set(out["estimated_states"])  # "~": PostgreSQL's estimate, past 100,000 rows
+    counts = out["jobs_by_state"].items()
+    table(["state", "jobs"], [[s, f"~{n}" if s in rough else str(n)] for s, n in counts])
     typer.echo("")
     table(
         ["lane", "in redis", "oldest due for", "scheduled"],

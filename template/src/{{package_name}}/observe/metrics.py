@@ -264,7 +264,11 @@ class ServiceGauges:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.jobs = Gauge(
-            "agent_worker_jobs", "Jobs in the database, by state", ["state"], registry=registry
+            "agent_worker_jobs",
+            "Jobs in the database, by state (completed and cancelled past 100,000 jobs: "
+            "PostgreSQL's estimate)",
+            ["state"],
+            registry=registry,
         )
         self.oldest_queued = Gauge(
             "agent_worker_oldest_queued_age_seconds",

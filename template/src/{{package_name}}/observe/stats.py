@@ -25,6 +25,7 @@ class ServiceStats:
     """The database's view of the whole service (every worker, not one process)."""
 
     jobs_by_state: dict[str, int]
+    estimated_states: frozenset[str]  # counted from PostgreSQL's statistics (queries.py)
     oldest_queued: dict[str, datetime]  # per lane: since when its oldest due job is due
     scheduled: dict[str, int]  # per lane: queued jobs not due yet (delay, backoff, deferral)
     parked_by_cause: list[dlq.CauseGroup]
@@ -45,9 +46,10 @@ async def read_service_stats(conn: AsyncConnection, *, causes: bool = True) -> S
     today's spend against the caps, unsent replies and webhook notifications, in one
     connection."""
     now = datetime.now(UTC)
-    by_state = await queries.count_by_state(conn)
+    by_state = await queries.state_counts(conn)
     return ServiceStats(
-        jobs_by_state={s.value: by_state.get(s.value, 0) for s in JobState},
+        jobs_by_state={s.value: by_state.counts.get(s.value, 0) for s in JobState},
+        estimated_states=by_state.estimated,
         oldest_queued=await queries.oldest_queued(conn, now=now),
         scheduled=await queries.scheduled_counts(conn, now=now),
         parked_by_cause=await dlq.causes(conn) if causes else [],
@@ -67,6 +69,7 @@ def as_json(stats: ServiceStats, depths: dict[str, int], lanes: Iterable[str]) -
     """The `stats --json` document."""
     return {
         "jobs_by_state": dict(stats.jobs_by_state),
+        "estimated_states": sorted(stats.estimated_states),
         "lanes": {
             lane: {
                 "redis_depth": depths[lane],

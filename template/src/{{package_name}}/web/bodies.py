@@ -404,6 +404,10 @@ class SpendToday(Response):
 
 class Stats(Response):
     jobs_by_state: dict[JobState, int]
+    estimated_states: list[JobState] = Field(
+        description="States whose count is PostgreSQL's estimate from the table's statistics "
+        "(completed or cancelled past 100,000 jobs), not a count of rows."
+    )
     lanes: dict[str, LaneStats] = Field(description="Keyed by lane (an enum of the lanes).")
     parked_by_cause: list[ParkedCause]
     spend_today: list[SpendToday]

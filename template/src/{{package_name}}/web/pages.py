@@ -271,6 +271,7 @@ async def _overview(services: Services) -> dict[str, Any]:
         redis_error = str(exc)
     return {
         "counts": list(found.jobs_by_state.items()),
+        "estimated": found.estimated_states,
         "lanes": [
             (lane, depths[lane], _whole(found.oldest_queued_age_s(lane))) for lane in catalog.LANES
         ],
