@@ -142,7 +142,13 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
     stops = asyncio.create_task(cancels.watch(runtime.engine, runtime.queue, runtime.running))
     deliverer = runtime.deliverer
     sends = None if burst or deliverer is None else asyncio.create_task(deliverer.run())
-    log.info("worker_started", lanes=lanes, burst=burst, worker=runtime.worker_name)
+    log.info(
+        "worker_started",
+        lanes=lanes,
+        burst=burst,
+        worker=runtime.worker_name,
+        event_loop=type(loop).__module__.split(".")[0],  # "uvloop" or "asyncio"
+    )
     tell_supervisor()
     try:
         await asyncio.gather(*(s.run() for s in supervisors))

@@ -75,10 +75,16 @@ def load_settings(*, service: bool = False) -> Settings:
     return settings
 
 
-def run(coro: Coroutine[Any, Any, T], settings: Settings) -> T:
-    """Run `coro`, turning known failures into one line and an exit code."""
+def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = False) -> T:
+    """Run `coro`, turning known failures into one line and an exit code; a service (the
+    worker) on the event loop its settings name (`event_loop`)."""
     try:
-        return asyncio.run(coro)
+        runner = event_loop_runner(settings.event_loop) if service else asyncio.run
+    except SettingsError as exc:
+        coro.close()  # never started (no "never awaited" warning)
+        fail(str(exc))
+    try:
+        return runner(coro)
     except (SubmitError, SettingsError, AgentError) as exc:
         fail(str(exc))
     except RecordedNotQueued as exc:
@@ -92,6 +98,23 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings) -> T:
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             code=1,
         )
+
+
+def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, T]], T]:
+    """`asyncio.run`, or `uvloop.run` when `choice` is "uvloop", or "auto" and it imports;
+    SettingsError when "uvloop" does not."""
+    if choice == "asyncio":
+        return asyncio.run
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SettingsError(
+                f"{ENV_PREFIX}EVENT_LOOP is uvloop but uvloop is not installed; install it "
+                "(pip install uvloop) or set auto"
+            ) from None
+        return asyncio.run
+    return uvloop.run
 
 
 def parse_state(state: str | None) -> JobState | None:
