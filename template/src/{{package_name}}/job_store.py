@@ -9,7 +9,8 @@ Reads (rows, listings, counts) are queries.py's; a verb reads only what its guar
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,9 +55,24 @@ class ErrorInfo:
     traceback: str | None = None
 
 
+# The version (7) and the variant (0b10) of a UUIDv7; the 74 bits around them are random.
+UUID7_MARKS = 0x7 << 76 | 0b10 << 62
+RANDOM_BITS = (0xFFF << 64) | ((1 << 62) - 1)
+
+
 def new_job_id() -> str:
-    """A fresh job id; it is also the job's arq id."""
-    return uuid.uuid4().hex
+    """A fresh job id, also the job's arq id: a UUIDv7 (RFC 9562) in 32 hex digits, its first
+    48 bits the Unix time in milliseconds and 74 of the rest random. Ids made later sort
+    later, so a new job's key goes to the right edge of the primary key's index (and of every
+    table keyed by job id), not to a random page of it: at millions of rows a random id costs
+    each insert a page PostgreSQL must read and log whole after each checkpoint.
+
+    >>> a, b = new_job_id(), new_job_id()
+    >>> len(a), a[12], a < b or a[:12] == b[:12]
+    (32, '7', True)
+    """
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10)) & RANDOM_BITS
+    return f"{value | UUID7_MARKS:032x}"
 
 
 async def enqueue(

@@ -122,7 +122,13 @@ jobs = Table(
     # 0015_job_history: `jobs list` (newest first) and the reads by finish time (retention,
     # the console's last hour), so none of them reads the whole history (docs/SCALING.md).
     Index("ix_jobs_created_at_id", "created_at", "id"),
-    Index("ix_jobs_finished_at", "finished_at", postgresql_where=FINISHED, sqlite_where=FINISHED),
+    Index(
+        "ix_jobs_finished_at",
+        "finished_at",
+        "state",  # the chart counts by state from the index alone
+        postgresql_where=FINISHED,
+        sqlite_where=FINISHED,
+    ),
 )
 
 attempts = Table(
