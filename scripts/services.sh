@@ -257,6 +257,10 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 CONF
+  # The costs benchmark counts statements with pg_stat_statements (a smoke run in the suites).
+  if [ -f "$bindir/../lib/pg_stat_statements.so" ]; then
+    echo "shared_preload_libraries = 'pg_stat_statements'" >>"$data/postgresql.conf"
+  fi
   cat >"$data/pg_hba.conf" <<'HBA'
 local all all              trust
 host  all all 127.0.0.1/32 trust
