@@ -48,7 +48,7 @@ from . import (
     registry,
     replies,
 )
-from .db import create_engine, transaction
+from .db import create_engine
 from .queue import JobQueue, Push
 from .settings import Settings
 from .states import TERMINAL, JobState
@@ -182,17 +182,19 @@ def summary(report: ReconcileReport) -> str:
     """
     if report.dry_run:
         back, doubt, push = "would go back to queued", "would go in_doubt", "would be pushed"
+        dead, stop = "would be dead_lettered", "would be cancelled"
     else:
         back, doubt, push = "back to queued", "in_doubt", "pushed again"
+        dead, stop = "dead_lettered", "cancelled"
     line = (
         f"expired leases: {report.expired}, {report.still_held} still held by a worker, "
         f"{report.requeued} {back}, {report.in_doubt} {doubt}, "
-        f"{report.dead_lettered} dead_lettered; "
+        f"{report.dead_lettered} {dead}; "
         f"queued: {report.queued}, {report.pushed} missing from Redis {push} "
         f"({report.seconds:.1f} s)"
     )
     if report.stopped:
-        line += f"; {report.stopped} asked to stop cancelled"
+        line += f"; {report.stopped} asked to stop {stop}"
     if report.past_deadline:
         failed = "would fail" if report.dry_run else "failed"
         line += f"; {report.past_deadline} past their run deadline {failed}"
@@ -244,9 +246,7 @@ async def _rescue_expired_leases(
         lost = [job_id for job_id in ids if job_id not in held]
         report.expired += len(ids)
         report.still_held += len(held)
-        if report.dry_run:
-            report.requeued += len(lost)  # a dry run cannot tell which paid calls are open
-        elif lost:
+        if lost:
             await _rescue_page(engine, lost, now, report)
         if progress is not None:
             progress(len(ids))
@@ -255,13 +255,18 @@ async def _rescue_expired_leases(
 async def _rescue_page(
     engine: AsyncEngine, job_ids: list[str], now: datetime, report: ReconcileReport
 ) -> None:
-    async with transaction(engine) as conn:
+    """Rescue each job and count where it went; a dry run makes the same moves in a
+    transaction it rolls back, so it reports each job's real fate (in doubt, cancelled,
+    dead-lettered or queued) and changes nothing."""
+    async with engine.connect() as conn, conn.begin() as moves:
         for job_id in job_ids:
             state = await rescue(conn, job_id, now=now)
             report.requeued += state is JobState.QUEUED
             report.in_doubt += state is JobState.IN_DOUBT
             report.dead_lettered += state is JobState.DEAD_LETTERED
             report.stopped += state is JobState.CANCELLED
+        if report.dry_run:
+            await moves.rollback()
 
 
 async def _resume_waiting(engine: AsyncEngine, queue: JobQueue, report: ReconcileReport) -> None:
