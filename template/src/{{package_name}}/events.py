@@ -310,6 +310,7 @@ class EventBuffer:
         self.keep = keep
         self.flush_s = flush_s
         self._pending: dict[str, _Pending] = {}
+        self._added: Counter[str] = Counter()  # per job, since its last `settle`
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -321,6 +322,7 @@ class EventBuffer:
         if len(pending.events) == self.keep:  # the oldest makes room, counted
             pending.dropped[pending.events[0].kind] += 1
         pending.events.append(event)
+        self._added[job_id] += 1
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon())
 
@@ -340,6 +342,13 @@ class EventBuffer:
                 log.warning("events_not_written", jobs=len(taken), error=str(exc))
                 return 0
             return sum(len(p.events) for p in taken.values())
+
+    async def settle(self, job_id: str) -> int:
+        """Write what `job_id` has pending; how many events it added since its last settle,
+        whether written now or already by the periodic flush (the runner asks before the
+        attempt's outcome, which must then trim the job when it added any)."""
+        await self.flush(job_id)
+        return self._added.pop(job_id, 0)
 
     async def trim(self, job_id: str) -> None:
         """Bring the job back to `keep` events (the runner asks when a claimed job has more)."""

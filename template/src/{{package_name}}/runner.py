@@ -291,7 +291,7 @@ async def run_admitted(
         outcome = check or await call_agent(runtime, run, admission)
         # What the agent emitted is written before its outcome's event; a job that may now
         # hold more events than it keeps is trimmed once the outcome is written.
-        emitted = 0 if runtime.events is None else await runtime.events.flush(job.id)
+        emitted = 0 if runtime.events is None else await runtime.events.settle(job.id)
         try:
             observed.state = await record_outcome(runtime, run, outcome)
         finally:
