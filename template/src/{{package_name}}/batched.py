@@ -12,9 +12,10 @@ written) go together, and so do completions:
 - SQLite (one writer anyway): one transaction per batch on a sqlite3 connection of the
   worker's own, run in one trip to its thread, with the same guards.
 
-Only the hot path goes through here: claims, and completions of agents without a reply
-step. Everything else (retries, failures, parking, replies, heartbeats) uses `job_store`
-one job at a time.
+Only the hot path goes through here: claims, completions of agents without a reply step,
+and one-job submits without a budget on PostgreSQL (`PostgresInserts`, used by submit.py).
+Everything else (retries, failures, parking, replies, heartbeats) uses `job_store` one job
+at a time.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import asyncpg
 from sqlalchemy.engine import make_url
@@ -35,6 +36,9 @@ from sqlalchemy.engine import make_url
 from .db import sqlite_pragmas
 from .models import UTCDateTime, jobs
 from .queries import Job
+
+if TYPE_CHECKING:
+    from .job_store import NewJob
 from .states import JobState
 
 T = TypeVar("T")
@@ -42,7 +46,8 @@ R = TypeVar("R")
 
 
 class DatabaseUnavailable(Exception):
-    """A batch statement could not be run; nothing in it was written."""
+    """A batch statement could not be run, or its connection was lost before the answer
+    (whether it was written then is for the record to say)."""
 
 
 # The states written into the statements below, as `states.TRANSITIONS` has them (a unit
@@ -107,6 +112,27 @@ SELECT id FROM done
 """
 
 
+# `job_store.enqueue_many` for the one-job submits of concurrent callers (submit.py): the
+# rows of every call in one statement, which commits on its own. A row whose (owner,
+# idempotency key) is taken, by a recorded job or by an earlier row here, is not written,
+# and its id is not returned. No budget: a budget's row is written in the job's transaction.
+INSERT_SQL = """
+INSERT INTO jobs (id, agent, lane, state, payload, owner, idempotency_key, attempts,
+                  max_attempts, trace_context, run_after, priority, deadline_at, rerun_of,
+                  code_version, created_at, updated_at)
+SELECT id, agent, lane, 'queued', payload::json, owner, idempotency_key, 0, max_attempts,
+       trace_context::json, run_after, priority, deadline_at, rerun_of, code_version,
+       created_at, created_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::int[], $8::text[], $9::timestamptz[], $10::smallint[], $11::timestamptz[],
+            $12::text[], $13::text[], $14::timestamptz[])
+     AS new(id, agent, lane, payload, owner, idempotency_key, max_attempts, trace_context,
+            run_after, priority, deadline_at, rerun_of, code_version, created_at)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+
 class Batcher(Generic[T, R]):
     """Gathers the items that arrive within `window_s` of the first, writes them as one
     batch, and writes whatever arrived meanwhile next (group commit).
@@ -132,6 +158,11 @@ class Batcher(Generic[T, R]):
         if self._drain is None:
             self._drain = asyncio.create_task(self._drain_all())
         return await future
+
+    async def idle(self) -> None:
+        """Wait until every item handed in so far is written (or has failed)."""
+        while (drain := self._drain) is not None:
+            await asyncio.wait([drain])
 
     async def _drain_all(self) -> None:
         try:
@@ -215,41 +246,26 @@ class Completion:
     result: dict[str, Any]
 
 
-class PostgresBatchedWrites(BatchedWrites):
-    """Each batch in one statement, on two asyncpg connections of the worker's own."""
+class OwnConnections:
+    """asyncpg connections of this process' own, one per name, opened when first used and
+    again after a failure; each statement commits on its own."""
 
-    def __init__(self, database_url: str, *, pooling: str = "session", **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, database_url: str, *, pooling: str = "session") -> None:
         # Behind a transaction pooler (db.postgres_connect_args): no cached or named
-        # statements, and each batch in a transaction, so it is prepared and run on one
+        # statements, and each statement in a transaction, so it is prepared and run on one
         # server connection.
         self._in_transaction = pooling == "transaction"
         url = make_url(database_url).set(drivername="postgresql")
         self._dsn = url.render_as_string(hide_password=False)
         self._connections: dict[str, asyncpg.Connection] = {}
 
-    async def close(self) -> None:
+    def close(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
             connection.terminate()
 
-    async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
-        lease_end = now + timedelta(seconds=self.lease_s)
-        rows = await self._fetch(
-            "claims", CLAIM_SQL, job_ids, self.worker, now, lease_end, self.versions
-        )
-        return {row["id"]: _job(row) for row in rows}
-
-    async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
-        ids = [item.job_id for item in items]
-        attempts = [item.attempt for item in items]
-        results = [json.dumps(item.result) for item in items]
-        rows = await self._fetch(
-            "completions", COMPLETE_SQL, ids, attempts, results, now, COMPLETED_EVENT
-        )
-        return {row["id"] for row in rows}
-
-    async def _fetch(self, name: str, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
+    async def fetch(self, name: str, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
+        """Run `sql` on the connection `name`; DatabaseUnavailable when it cannot be run."""
         try:
             connection = self._connections.get(name)
             if connection is None or connection.is_closed():
@@ -268,6 +284,71 @@ class PostgresBatchedWrites(BatchedWrites):
                 dropped.terminate()
             raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return rows
+
+
+class PostgresInserts:
+    """The one-job submits of a `Submitter`'s concurrent callers: the rows that arrive
+    together (or while one statement runs) written by one `INSERT_SQL`, on a connection of
+    the submitter's own. A lone submit is one round trip, with no pool checkout."""
+
+    def __init__(self, database_url: str, *, pooling: str = "session") -> None:
+        self._db = OwnConnections(database_url, pooling=pooling)
+        self._rows: Batcher[tuple[str, NewJob, datetime], bool] = Batcher(
+            self._insert_batch, window_s=0
+        )
+
+    async def insert(self, job_id: str, job: NewJob, now: datetime) -> bool:
+        """Write `job` (without a budget) as queued, created `now`; False when its (owner,
+        idempotency key) is taken and nothing was written. DatabaseUnavailable when the
+        statement could not run."""
+        return await self._rows.submit((job_id, job, now))
+
+    def close(self) -> None:
+        self._db.close()
+
+    async def _insert_batch(self, rows: list[tuple[str, NewJob, datetime]]) -> list[bool]:
+        values = [_insert_values(job_id, job, now) for job_id, job, now in rows]
+        columns = [list(column) for column in zip(*values, strict=True)]
+        records = await self._db.fetch("inserts", INSERT_SQL, *columns)
+        written = {record["id"] for record in records}
+        return [job_id in written for job_id, _, _ in rows]
+
+
+def _insert_values(job_id: str, job: NewJob, now: datetime) -> tuple[Any, ...]:
+    """A row of INSERT_SQL, JSON as text."""
+    trace = None if job.trace_context is None else json.dumps(job.trace_context)
+    return (
+        job_id, job.agent, job.lane, json.dumps(job.payload), job.owner or "",
+        job.idempotency_key, job.max_attempts, trace, job.run_after, job.priority,
+        job.deadline_at, job.rerun_of, job.code_version, now,
+    )  # fmt: skip
+
+
+class PostgresBatchedWrites(BatchedWrites):
+    """Each batch in one statement, on two asyncpg connections of the worker's own."""
+
+    def __init__(self, database_url: str, *, pooling: str = "session", **options: Any) -> None:
+        super().__init__(**options)
+        self._db = OwnConnections(database_url, pooling=pooling)
+
+    async def close(self) -> None:
+        self._db.close()
+
+    async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
+        lease_end = now + timedelta(seconds=self.lease_s)
+        rows = await self._db.fetch(
+            "claims", CLAIM_SQL, job_ids, self.worker, now, lease_end, self.versions
+        )
+        return {row["id"]: _job(row) for row in rows}
+
+    async def complete_all(self, items: list[Completion], now: datetime) -> set[str]:
+        ids = [item.job_id for item in items]
+        attempts = [item.attempt for item in items]
+        results = [json.dumps(item.result) for item in items]
+        rows = await self._db.fetch(
+            "completions", COMPLETE_SQL, ids, attempts, results, now, COMPLETED_EVENT
+        )
+        return {row["id"] for row in rows}
 
 
 class SqliteBatchedWrites(BatchedWrites):

@@ -181,16 +181,22 @@ async def enqueue_many(
     for job_id, (owner, key) in zip(ids, keys, strict=True):
         if job_id in created or (owner, key) in existing:
             continue
-        found = await conn.scalar(  # only repeated keys get here: usually none
-            select(jobs.c.id).where(jobs.c.owner == owner, jobs.c.idempotency_key == key)
-        )
-        if found is None:  # pragma: no cover - a uuid4 collision
-            raise RuntimeError("job insert conflicted but no existing job was found")
-        existing[(owner, key)] = str(found)
+        existing[(owner, key)] = await holder(conn, owner, key)  # repeated keys: usually none
     return [
         (job_id, True) if job_id in created else (existing[key], False)
         for job_id, key in zip(ids, keys, strict=True)
     ]
+
+
+async def holder(conn: AsyncConnection, owner: str | None, key: str | None) -> str:
+    """The id of the job recorded with (owner, idempotency key), which a new job's INSERT
+    conflicted with."""
+    found = await conn.scalar(
+        select(jobs.c.id).where(jobs.c.owner == (owner or ""), jobs.c.idempotency_key == key)
+    )
+    if found is None:  # pragma: no cover - an id collision
+        raise RuntimeError("job insert conflicted but no existing job was found")
+    return str(found)
 
 
 async def claim(

@@ -15,21 +15,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 import structlog
 from arq.connections import RedisSettings
-from arq.worker import Retry, Worker, func
+from arq.jobs import SerializationError, deserialize_job_raw, serialize_result
+from arq.utils import ms_to_datetime, timestamp_ms
+from arq.worker import Retry, RetryJob, Worker, func
 from redis.exceptions import RedisError
 
 from .connections import describe_redis_error, open_pool, redis_settings
-from .queue import Starter, deserialize, queue_name, rescore, ring, serialize, wait_for_work
+from .queue import (
+    Ending,
+    Finisher,
+    Started,
+    Starter,
+    deserialize,
+    queue_name,
+    rescore,
+    ring,
+    serialize,
+    wait_for_work,
+)
 from .runner import Requeue, Runtime, run_job
 
 log = structlog.get_logger("worker")
+arq_log = logging.getLogger("arq.worker")  # what arq logs about a job, logged as arq does
 
 # Seconds arq adds to a lane's timeout so the runner can record a timeout itself.
 RECORD_GRACE_S = 5
@@ -108,9 +122,11 @@ class LaneWorker(Worker):
     delay, which stays the fallback (a lost ring costs at most one poll). With every slot
     busy it waits for a slot to free. After a full read it reads again at once.
 
-    It starts the jobs of a read with one script call per batch of free slots (`Starter`)
-    where arq spends four round trips per job, and counts its slots itself: arq's semaphore
-    holds one permit more than `max_jobs`, so waiting on it never waits.
+    It starts the jobs of a read with one script call per batch of free slots (`Starter`:
+    their in-progress keys, try counters and bodies) where arq spends five round trips per
+    job, ends the jobs that end together with one more (`Finisher`) where arq spends one
+    each, and counts its slots itself: arq's semaphore holds one permit more than
+    `max_jobs`, so waiting on it never waits.
     """
 
     def __init__(self, *, lane: str, poll_delay: float, **config: Any) -> None:
@@ -119,9 +135,8 @@ class LaneWorker(Worker):
         self.wait_s = poll_delay
         self._read = 0
         self._rings: set[asyncio.Task[None]] = set()
-        # Tasks writing a job's end to Redis (arq shields them from cancellation): see close.
-        self._finishing: set[asyncio.Task[Any]] = set()
         self._starter: Starter | None = None
+        self._finisher: Finisher | None = None
         self._slot_freed = asyncio.Event()
         self.ctx["ring_when_due"] = self.ring_when_due
 
@@ -153,7 +168,7 @@ class LaneWorker(Worker):
     async def close(self) -> None:
         """Cancel the jobs still running, as arq does, but let their ends be written first.
 
-        arq writes a job's end to Redis shielded from cancellation (finish_job), so a job
+        A job's end is written to Redis shielded from cancellation (`_run`), so a job
         cancelled while ending goes on writing after its task is done; and arq's own close
         fails with the first cancelled job, before it closes its pool. Both left a
         connection open, writing on a pool nobody would close.
@@ -163,44 +178,98 @@ class LaneWorker(Worker):
         if not self._handle_signals:
             self.handle_sig(signal.SIGUSR1)  # what arq's close does first: cancel the jobs
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        await asyncio.gather(*self._finishing, return_exceptions=True)
+        if self._finisher is not None:
+            await self._finisher.idle()
         self.tasks.clear()
         await super().close()
-
-    async def finish_job(self, *args: Any, **kwargs: Any) -> None:
-        await self._written(super().finish_job(*args, **kwargs))
-
-    async def finish_failed_job(self, *args: Any, **kwargs: Any) -> None:
-        await self._written(super().finish_failed_job(*args, **kwargs))
-
-    async def _written(self, end: Awaitable[None]) -> None:
-        """Await one of arq's job-end writes, known to `close` while it runs."""
-        task = asyncio.current_task()
-        assert task is not None, "arq writes a job's end in a task"
-        self._finishing.add(task)
-        try:
-            await end
-        finally:
-            self._finishing.discard(task)
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """Start the due jobs among `job_ids` (one read of the queue) in the free slots.
 
-        Replaces arq's `start_jobs`, keeping what it does per started job: count it, run
-        `run_job` in a task kept in `tasks`, free the slot when the task ends.
+        Replaces arq's `start_jobs`, keeping what it does per started job: count it, run it
+        in a task kept in `tasks`, free the slot when the task ends.
         """
         self._read = len(job_ids)
-        if self._starter is None:
+        if self._starter is None or self._finisher is None:
             self._starter = Starter(self.pool, self.lane, self.in_progress_timeout_s)
+            self._finisher = Finisher(self.pool, self.lane, self.keep_result_s)
         # arq calls this only while it may pick jobs and has a free slot. One call either
         # fills every free slot or looks at every id: nothing is left to retry.
         ids = [job_id.decode() for job_id in job_ids]
         _, started = await self._starter.start(ids, self.max_jobs - self.job_counter)
-        for job_id, score in started:
+        for job in started:
             self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
+            task = self.loop.create_task(self._run(job, self._finisher))
             task.add_done_callback(self._job_ended)
-            self.tasks[job_id] = task
+            self.tasks[job.job_id] = task
+
+    async def _run(self, job: Started, finisher: Finisher) -> None:
+        """arq's `run_job` for a job `start_jobs` started (its try counted, its body read):
+        run it, then write how it ended with the jobs that end meanwhile, shielded from
+        cancellation as arq does. A failed write raises, and stops the worker as arq's
+        would (the lane's supervisor builds another)."""
+        ending = await self._call(job, finisher.keeps_results)
+        await asyncio.shield(finisher.finish(ending))
+
+    async def _call(self, job: Started, keep_result: bool) -> Ending:
+        """Run one started job's function as arq's `run_job` does, with its outcomes and
+        counts; how it ended."""
+        if job.body is None:
+            arq_log.warning("job %s expired", job.job_id)
+            self.jobs_failed += 1
+            return Ending(job.job_id, "done")
+        try:
+            name, args, kwargs, enqueue_try, enqueued_ms = deserialize_job_raw(
+                job.body, deserializer=self.job_deserializer
+            )
+        except SerializationError:
+            arq_log.exception("deserializing job %s failed", job.job_id)
+            self.jobs_failed += 1
+            return Ending(job.job_id, "done")
+        function = self.functions.get(name)
+        job_try = max(job.job_try, enqueue_try or 0)
+        if function is None or job_try > (
+            self.max_tries if function.max_tries is None else function.max_tries
+        ):
+            arq_log.warning("job %s: function %r not found or out of tries", job.job_id, name)
+            self.jobs_failed += 1
+            return Ending(job.job_id, "done")
+        ctx = {
+            **self.ctx,
+            "job_id": job.job_id,
+            "job_try": job_try,
+            "enqueue_time": ms_to_datetime(enqueued_ms),
+            "score": job.score,
+        }
+        started_ms = timestamp_ms()
+        try:
+            timeout_s = self.job_timeout_s if function.timeout_s is None else function.timeout_s
+            async with asyncio.timeout(timeout_s):
+                result = await function.coroutine(ctx, *args, **kwargs)
+        except Retry as retry:  # arq puts it back, due `defer_score` ms from now
+            self.jobs_retried += 1
+            if not retry.defer_score:
+                return Ending(job.job_id, "again")
+            late_ms = timestamp_ms() - job.score
+            return Ending(job.job_id, "later", raise_ms=retry.defer_score + late_ms)
+        except (asyncio.CancelledError, RetryJob):  # the worker stops: it runs again
+            self.jobs_retried += 1
+            return Ending(job.job_id, "again")
+        except Exception as exc:  # noqa: BLE001 - arq's "failed": logged, ended
+            arq_log.exception("%s:%s failed, %s: %s", job.job_id, name, type(exc).__name__, exc)
+            self.jobs_failed += 1
+            success, result = False, exc
+        else:
+            self.jobs_complete += 1
+            success = True
+        if not keep_result:
+            return Ending(job.job_id, "done")
+        kept = serialize_result(
+            name, args, kwargs, job_try, enqueued_ms, success, result, started_ms,
+            timestamp_ms(), f"{job.job_id}:{name}", self.queue_name, job_id=job.job_id,
+            serializer=self.job_serializer,
+        )  # fmt: skip
+        return Ending(job.job_id, "done", result=kept or b"")
 
     def _job_ended(self, _: asyncio.Task[None]) -> None:
         self.job_counter -= 1

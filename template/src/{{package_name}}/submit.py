@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from . import deadlines, job_store
+from .batched import PostgresInserts
 from .budgets import BudgetRefused, parse_budget
 from .db import create_engine, one_statement, transaction
 from .observe import tracing
@@ -74,7 +75,13 @@ class Submitter:
         self.settings = settings
         self.agents = agents if agents is not None else load_agents(settings)
         self.engine = create_engine(settings)
+        self._inserts = (
+            PostgresInserts(settings.database_url, pooling=settings.database_pooling)
+            if self.engine.dialect.name == "postgresql"
+            else None
+        )
         self._queue: JobQueue | None = None
+        self._connecting = asyncio.Lock()
 
     def check(self, agent: str, payload: Any) -> dict[str, Any]:
         """Refuse an unknown agent or a payload that is not a small JSON object."""
@@ -161,6 +168,26 @@ class Submitter:
         with tracing.submit_span(agent, row.lane) as span:
             return await self._submit(replace(row, trace_context=span.context), span, now)
 
+    async def _record(self, row: job_store.NewJob, now: datetime) -> tuple[str, bool]:
+        """Write the job's row: (its id, True), or (the id of the job that holds its
+        idempotency key, False)."""
+        if self._inserts is not None and row.budget_micros is None:
+            # PostgreSQL, no budget: one INSERT with the concurrent callers' rows.
+            job_id = job_store.new_job_id()
+            if await self._inserts.insert(job_id, row, now):
+                return job_id, True
+            async with self.engine.connect() as conn:
+                return await job_store.holder(conn, row.owner, row.idempotency_key), False
+        # Without a budget the job is one INSERT, which commits on its own; a budget is a
+        # second row, written in the same transaction.
+        if row.budget_micros is None:
+            recording = one_statement(self.engine, self.settings.database_pooling)
+        else:
+            recording = transaction(self.engine)
+        async with recording as conn:
+            ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=now)
+        return job_id, created
+
     def budget(self, agent: str, budget_usd: Decimal | str | None) -> int | None:
         """The new job's budget in micro-dollars: the one given, else its agent's
         `job_budget_usd`, else None (SubmitError for one that is not a budget)."""
@@ -187,14 +214,7 @@ class Submitter:
     async def _submit(
         self, row: job_store.NewJob, span: tracing.Submit, now: datetime
     ) -> tuple[str, bool]:
-        # Without a budget the job is one INSERT, which commits on its own; a budget is a
-        # second row, written in the same transaction.
-        if row.budget_micros is None:
-            recording = one_statement(self.engine, self.settings.database_pooling)
-        else:
-            recording = transaction(self.engine)
-        async with recording as conn:
-            ((job_id, created),) = await job_store.enqueue_many(conn, [row], now=now)
+        job_id, created = await self._record(row, now)
         span.recorded(job_id)
         if not created:
             log.info("job_exists", job_id=job_id, agent=row.agent)
@@ -256,14 +276,19 @@ class Submitter:
         return ids
 
     async def _get_queue(self) -> JobQueue:
-        if self._queue is None:
-            self._queue = await JobQueue.connect(self.settings, conn_retries=0)
+        # One pool however many first submits run at once (each would make one, and all but
+        # the last would never be closed).
+        async with self._connecting:
+            if self._queue is None:
+                self._queue = await JobQueue.connect(self.settings, conn_retries=0)
         return self._queue
 
     async def close(self) -> None:
         if self._queue is not None:
             await self._queue.close()
             self._queue = None
+        if self._inserts is not None:
+            self._inserts.close()
         await self.engine.dispose()
 
 

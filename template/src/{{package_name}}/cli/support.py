@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
 from .. import paid_calls, queries
+from ..batched import DatabaseUnavailable
 from ..db import create_engine
 from ..observe import logs
 from ..queue import QueueUnavailable
@@ -92,7 +93,7 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
         fail(str(exc), code=1)
     except QueueUnavailable as exc:
         fail(str(exc), code=1)
-    except (DBAPIError, OSError, RedisError) as exc:
+    except (DBAPIError, OSError, DatabaseUnavailable, RedisError) as exc:
         fail(
             f"cannot reach the database or Redis ({redact_url(settings.database_url)}): "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
