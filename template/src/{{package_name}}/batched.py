@@ -146,23 +146,49 @@ class Batcher(Generic[T, R]):
     here it lowered throughput (docs/benchmarks.md).
     """
 
-    def __init__(self, write: Callable[[list[T]], Awaitable[list[R]]], *, window_s: float) -> None:
+    def __init__(
+        self,
+        write: Callable[[list[T]], Awaitable[list[R]]],
+        *,
+        window_s: float,
+        eager: bool = False,
+    ) -> None:
         self._write = write
         self._window_s = window_s
+        # Eager: an item that finds nothing being written is written at once, by its caller
+        # (no task, no extra turn of the loop), for callers that come one at a time (submits).
+        self._eager = eager and window_s == 0
+        self._writing = False
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
         self._drain: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
-        if self._drain is None:
-            self._drain = asyncio.create_task(self._drain_all())
+        if self._drain is None and not self._writing:
+            if self._eager:
+                await self._write_now()
+            else:
+                self._drain = asyncio.create_task(self._drain_all())
         return await future
 
     async def idle(self) -> None:
-        """Wait until every item handed in so far is written (or has failed)."""
+        """Wait until every item handed in so far is written (or has failed); an eager
+        caller's own write is its caller's to wait for."""
         while (drain := self._drain) is not None:
             await asyncio.wait([drain])
+
+    async def _write_now(self) -> None:
+        """Write what waits (the caller's item) in the caller's turn; what arrives meanwhile
+        waits for it, then goes in the next batch."""
+        self._writing = True
+        batch, self._waiting = self._waiting, []
+        try:
+            await self._write_batch(batch)
+        finally:
+            self._writing = False
+            if self._waiting and self._drain is None:
+                self._drain = asyncio.create_task(self._drain_all())
 
     async def _drain_all(self) -> None:
         try:
@@ -294,7 +320,7 @@ class PostgresInserts:
     def __init__(self, database_url: str, *, pooling: str = "session") -> None:
         self._db = OwnConnections(database_url, pooling=pooling)
         self._rows: Batcher[tuple[str, NewJob, datetime], bool] = Batcher(
-            self._insert_batch, window_s=0
+            self._insert_batch, window_s=0, eager=True
         )
 
     async def insert(self, job_id: str, job: NewJob, now: datetime) -> bool:
