@@ -85,9 +85,9 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
     try:
         return runner(coro)
     except (
-        error_of(".submit", "SubmitError"),
+        *error_of(".submit", "SubmitError"),
         SettingsError,
-        error_of(".registry", "AgentError"),
+        *error_of(".registry", "AgentError"),
     ) as exc:
         fail(str(exc))
     except error_of(".submit", "RecordedNotQueued") as exc:
@@ -96,9 +96,9 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
     except error_of(".queue", "QueueUnavailable") as exc:
         fail(str(exc), code=1)
     except (
-        error_of("sqlalchemy.exc", "DBAPIError"),
+        *error_of("sqlalchemy.exc", "DBAPIError"),
         OSError,
-        error_of("redis.exceptions", "RedisError"),
+        *error_of("redis.exceptions", "RedisError"),
     ) as exc:
         fail(
             f"cannot reach the database or Redis ({redact_url(settings.database_url)}): "
@@ -107,13 +107,12 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
         )
 
 
-def error_of(module: str, name: str) -> Any:
+def error_of(module: str, name: str) -> tuple[Any, ...]:
     """The exception class `name` of `module` (".queue": this package's) when the command has
-    loaded that module, else `()`, which catches nothing: an error of a module not loaded
-    cannot have been raised, and catching it must not load its stack (redis-py for `jobs
-    list`, say)."""
+    loaded that module, else none: an error of a module not loaded cannot have been raised,
+    and catching it must not load its stack (redis-py for `jobs list`, say)."""
     loaded = sys.modules.get(_PACKAGE + module if module.startswith(".") else module)
-    return () if loaded is None else getattr(loaded, name)
+    return () if loaded is None else (getattr(loaded, name),)
 
 
 def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, T]], T]:
