@@ -89,6 +89,23 @@ class Event:
             "data": self.data,
         }
 
+    def line(self, width: int | None = None) -> str:
+        """The event on a terminal (`jobs watch`): time, seq, kind, attempt and its data, cut
+        to `width` columns with an ellipsis (`as_dict` has it all).
+
+        >>> e = Event(7, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "step", 1, {"name": "a"})
+        >>> e.line()
+        '03:04:05Z     7  step               #1  name=a'
+        >>> Event(8, e.at, "progress", 1, {"note": "x" * 80}).line(50)
+        '03:04:05Z     8  progress           #1  note=xxxx…'
+        """
+        data = " ".join(f"{k}={v}" for k, v in (self.data or {}).items())
+        attempt = "" if self.attempt is None else f"#{self.attempt}"
+        line = f"{self.at:%H:%M:%S}Z {self.seq:>5}  {self.kind:<18} {attempt:<3} {data}".rstrip()
+        if width is not None and len(line) > width:
+            return line[: max(width - 1, 0)] + "…"
+        return line
+
 
 @dataclass(frozen=True)
 class New:

@@ -11,13 +11,11 @@ from typing import Annotated
 
 import typer
 
-from .. import actions, approvals
-from ..approvals import ApprovalError
-from ..budgets import BudgetRefused, parse_budget
-from ..db import create_engine
 from ..states import JobState
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 approvals_app = typer.Typer(
     help="Jobs waiting for a person: list, approve, reject (audited).", no_args_is_help=True
@@ -29,6 +27,8 @@ ApprovedBy = Annotated[str | None, typer.Option(help="Who decided (required; aud
 @approvals_app.command("list")
 def approvals_list(as_json: JsonFlag = False) -> None:
     """Pending approvals, oldest first."""
+    from .. import approvals
+
     settings = load_settings()
     found = run(with_conn(settings, lambda conn: approvals.pending(conn)), settings)
     if as_json:
@@ -64,6 +64,8 @@ def approvals_approve(
     ] = None,
 ) -> None:
     """Approve what a waiting job asked for: it is queued again and goes on."""
+    from ..budgets import BudgetRefused, parse_budget
+
     if not approved_by:
         fail("approving needs --approved-by NAME (who decided, for the audit log)")
     try:
@@ -95,6 +97,10 @@ def approvals_reject(
 def _decide(
     job_id: str, *, approved: bool, by: str, reason: str | None, raise_micros: int | None = None
 ) -> JobState:
+    from .. import actions
+    from ..approvals import ApprovalError
+    from ..db import create_engine
+
     settings = load_settings()
 
     async def go() -> tuple[JobState | None, str]:

@@ -4,13 +4,15 @@ revoked a token, and when (template-owned: copier-agent-worker)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .. import audit
 from .app import app
 from .support import JsonFlag, load_settings, run, short_time, table, with_conn
+
+if TYPE_CHECKING:
+    from .. import audit
 
 audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
 app.add_typer(audit_app, name="audit")
@@ -26,6 +28,8 @@ def audit_list(
     as_json: JsonFlag = False,
 ) -> None:
     """The newest audit entries, newest first."""
+    from .. import audit  # here, not at the top: the other commands do not load it
+
     settings = load_settings()
 
     async def read(conn: Any) -> list[audit.AuditEntry]:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
 
-from .. import catalog, spend
-from ..db import create_engine, migrate
-from ..settings import Settings, redact_url
 from .app import app, options
 from .support import fail, load_settings
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -26,6 +27,12 @@ def db_upgrade(
 ) -> None:
     """Create or upgrade the job tables (Alembic); one line says what changed (each
     migration step too with -v)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .. import spend
+    from ..db import migrate
+    from ..settings import redact_url
+
     settings = load_settings()
     steps = _StepCounter()
     migration_log = logging.getLogger("alembic.runtime.migration")
@@ -65,6 +72,9 @@ class _StepCounter(logging.Handler):
 
 async def seed_caps(settings: Settings) -> list[str]:
     """Seed the answered spend caps for agents that have no cap row yet."""
+    from .. import catalog, spend
+    from ..db import create_engine
+
     engine = create_engine(settings)
     try:
         return await spend.seed_caps(engine, catalog.answered_caps())

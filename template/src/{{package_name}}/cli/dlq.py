@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .. import actions, audit, dlq, paid_calls, queries
-from ..db import create_engine
 from ..states import PARKED, JobState
 from .app import app
 from .support import (
@@ -24,6 +22,11 @@ from .support import (
     table,
     with_conn,
 )
+
+if TYPE_CHECKING:
+    from .. import actions
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 dlq_app = typer.Typer(help="Parked jobs: group by cause, replay with approval, resolve.")
 app.add_typer(dlq_app, name="dlq")
@@ -40,6 +43,8 @@ def dlq_list(
     as_json: JsonFlag = False,
 ) -> None:
     """Parked jobs, oldest first."""
+    from .. import dlq
+
     wanted = parse_state(state)
     if wanted is not None and wanted not in PARKED:
         fail(f"{wanted.value} is not a parked state; use one of {', '.join(sorted(PARKED))}")
@@ -70,6 +75,8 @@ def dlq_list(
 @dlq_app.command("causes")
 def dlq_causes(as_json: JsonFlag = False) -> None:
     """Parked jobs grouped by cause (error class + message with ids and numbers masked)."""
+    from .. import dlq
+
     settings = load_settings()
     groups = run(with_conn(settings, dlq.causes), settings)
     if as_json:
@@ -95,6 +102,8 @@ def dlq_causes(as_json: JsonFlag = False) -> None:
 @dlq_app.command("show")
 def dlq_show(job_id: str, as_json: JsonFlag = False) -> None:
     """One parked job: input, every attempt with its traceback, paid calls, audit rows."""
+    from .. import audit, paid_calls, queries
+
     settings = load_settings()
 
     async def go(conn: Any) -> tuple[Any, ...]:
@@ -152,6 +161,9 @@ def dlq_replay(
     as_json: JsonFlag = False,
 ) -> None:
     """Put parked jobs back to queued with a fresh attempt budget (approved, audited)."""
+    from .. import actions, dlq
+    from ..db import create_engine
+
     if not approved_by:
         fail("a replay needs --approved-by NAME (who approved running these jobs again)")
     if cause is not None and limit is None:
@@ -212,6 +224,9 @@ def dlq_resolve(
     not-charged: the provider did not bill, so the cost counted for the job's in-doubt calls
     is given back and the job is queued again (as retry, which keeps that cost spent).
     """
+    from .. import actions, dlq
+    from ..db import create_engine
+
     try:
         dlq.check_resolution(outcome, approved_by or "", note or "")
     except dlq.ReplayRefused as exc:

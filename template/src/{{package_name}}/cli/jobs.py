@@ -7,28 +7,11 @@ import shutil
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .. import (
-    actions,
-    approvals,
-    budgets,
-    cancels,
-    events,
-    job_store,
-    paid_calls,
-    queries,
-    reruns,
-    steps,
-    versions,
-)
-from ..budgets import BudgetRefused, parse_budget
-from ..db import create_engine
-from ..deadlines import DeadlineRefused, parse_deadline
 from ..states import PARKED, TERMINAL
-from ..submit import SubmitError, Submitter, due_at, parse_delay, priority_rank
 from .app import app
 from .support import (
     JsonFlag,
@@ -40,6 +23,11 @@ from .support import (
     short_time,
     table,
 )
+
+if TYPE_CHECKING:
+    from .. import actions, approvals, budgets, cancels, paid_calls, queries, reruns, steps
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 jobs_app = typer.Typer(help="Look at jobs.", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
@@ -84,6 +72,11 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Record a job and queue it; prints the job id."""
+    from .. import queries
+    from ..budgets import BudgetRefused, parse_budget
+    from ..deadlines import DeadlineRefused, parse_deadline
+    from ..submit import SubmitError, Submitter, due_at, parse_delay, priority_rank
+
     payload = _read_payload(input_json, input_file)
     run_at = _read_time("--at", at)
     try:
@@ -159,6 +152,9 @@ def _read_payload(input_json: str | None, input_file: Path | None) -> Any:
 @jobs_app.command("show")
 def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
     """One job with every attempt."""
+    from .. import approvals, budgets, paid_calls, queries, steps, versions
+    from ..db import create_engine
+
     settings = load_settings()
 
     async def go() -> tuple[
@@ -311,6 +307,9 @@ def jobs_list(
     as_json: JsonFlag = False,
 ) -> None:
     """Newest jobs first."""
+    from .. import budgets, queries
+    from ..db import create_engine
+
     wanted = parse_state(state)
     settings = load_settings()
 
@@ -378,6 +377,9 @@ def jobs_watch(
 ) -> None:
     """Follow a job's events as they are written, until it finishes or parks (Ctrl-C stops
     watching, never the job)."""
+    from .. import events, queries
+    from ..db import create_engine
+
     settings = load_settings()
     lines = as_json or not sys.stdout.isatty()
 
@@ -386,7 +388,7 @@ def jobs_watch(
         try:
             width = shutil.get_terminal_size().columns
             async for event in events.follow(engine, job_id, after):
-                typer.echo(json.dumps(event.as_dict()) if lines else event_line(event, width))
+                typer.echo(json.dumps(event.as_dict()) if lines else event.line(width))
             async with engine.connect() as conn:
                 job = await queries.get_job(conn, job_id)
             return "gone" if job is None else job.state.value
@@ -403,24 +405,6 @@ def jobs_watch(
         typer.echo(f"job {job_id} is {state}", err=True)
 
 
-def event_line(event: events.Event, width: int | None = None) -> str:
-    """One event on a terminal: time, seq, kind, attempt and its data, cut to `width`
-    columns with an ellipsis (`--json` has it all).
-
-    >>> e = events.Event(7, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "step", 1, {"name": "a"})
-    >>> event_line(e)
-    '03:04:05Z     7  step               #1  name=a'
-    >>> event_line(events.Event(8, e.at, "progress", 1, {"note": "x" * 80}), 50)
-    '03:04:05Z     8  progress           #1  note=xxxx…'
-    """
-    data = " ".join(f"{k}={v}" for k, v in (event.data or {}).items())
-    attempt = "" if event.attempt is None else f"#{event.attempt}"
-    line = f"{event.at:%H:%M:%S}Z {event.seq:>5}  {event.kind:<18} {attempt:<3} {data}".rstrip()
-    if width is not None and len(line) > width:
-        return line[: max(width - 1, 0)] + "…"
-    return line
-
-
 @jobs_app.command("cancel")
 def jobs_cancel(
     job_id: str,
@@ -432,6 +416,9 @@ def jobs_cancel(
 ) -> None:
     """Stop a job: queued, waiting or parked at once; running, by its worker within a
     second (cancelled, or in_doubt when a paid call was in flight)."""
+    from .. import actions
+    from ..db import create_engine
+
     settings = load_settings()
 
     async def go() -> cancels.Reach:
@@ -477,6 +464,9 @@ def jobs_rerun(
     """Run a finished job again from one of its steps as a new job: the steps before it are
     reused from the record (not run, not paid again); the paid calls it makes again are
     priced first, and a rerun that reserves money needs --approved-by and --reason."""
+    from .. import actions, reruns
+    from ..db import create_engine
+
     settings = load_settings()
     payload = None if input_json is None else _read_payload(input_json, None)
 
@@ -547,6 +537,9 @@ def prune(
     as_json: JsonFlag = False,
 ) -> None:
     """Delete old finished jobs (with their attempts, paid calls and replies)."""
+    from .. import job_store
+    from ..db import create_engine
+
     settings = load_settings()
     cutoff = datetime.now(UTC) - timedelta(days=older_than)
     states = TERMINAL | (PARKED if include_parked else frozenset())

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .. import registry, schedules
-from ..db import create_engine, transaction
-from ..settings import Settings
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
+
+if TYPE_CHECKING:
+    from .. import schedules
+    from ..settings import Settings
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 schedules_app = typer.Typer(help="Schedules: list them, pause and resume with approval.")
 app.add_typer(schedules_app, name="schedules")
@@ -21,12 +24,16 @@ ApprovedBy = Annotated[str | None, typer.Option(help="Who approved this (require
 
 
 def _configured(settings: Settings) -> dict[str, schedules.Schedule]:
+    from .. import registry
+
     return registry.schedules_of(settings)
 
 
 @schedules_app.command("list")
 def schedules_list(as_json: JsonFlag = False) -> None:
     """Each schedule with its next tick and its last job."""
+    from .. import schedules
+
     settings = load_settings()
     found = _configured(settings)
     now = datetime.now(UTC)
@@ -55,6 +62,9 @@ def schedules_list(as_json: JsonFlag = False) -> None:
 
 
 def _set_paused(name: str, approved_by: str | None, *, paused: bool) -> None:
+    from .. import schedules
+    from ..db import create_engine, transaction
+
     verb = "pause" if paused else "resume"
     if not approved_by:
         fail(f"schedules {verb} needs --approved-by NAME (who approved it)")

@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 
-from .. import actions, catalog, spend
-from ..db import create_engine
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 caps_app = typer.Typer(help="Daily spend caps (audited).", no_args_is_help=True)
 spend_app = typer.Typer(help="What paid calls spent.", no_args_is_help=True)
@@ -40,6 +40,9 @@ def caps_set(
 ) -> None:
     """Change a daily cap of a paid agent or the global one ('*'). Raising one needs
     --approved-by; every change is audited."""
+    from .. import actions, spend
+    from ..db import create_engine
+
     try:
         amount = spend.parse_usd(usd, field="USD")
         actions.cap_target(agent)
@@ -77,6 +80,9 @@ def spend_show(
 
 
 def _show_caps(when: date, as_json: bool) -> None:
+    from .. import catalog, spend
+    from ..db import create_engine
+
     settings = load_settings()
 
     async def go() -> list[spend.Cap]:

@@ -7,15 +7,11 @@ import json
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from .. import catalog, limits
-from ..db import create_engine
-from ..observe import stats as service
-from ..queue import JobQueue
-from ..settings import ENV_PREFIX, Settings, SettingsError, check_database
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
+
+# Each command imports the service's modules it uses when it runs (support.py says why).
 
 
 @app.command()
@@ -31,7 +27,10 @@ def doctor(
 ) -> None:
     """Check the database, Redis (reachable, no eviction, memory, TLS) and spend caps; exit
     code 1 when any check fails."""
+    from pydantic import ValidationError
+
     from ..observe import doctor as checks
+    from ..settings import ENV_PREFIX, Settings, SettingsError, check_database
 
     if probe is not None:
         if probe not in ("live", "ready"):
@@ -63,6 +62,11 @@ def doctor(
 def stats(as_json: JsonFlag = False) -> None:
     """Counts by state, queue depth per lane, parked causes, spend today, unsent replies,
     and what each limit runs and holds waiting."""
+    from .. import catalog, limits
+    from ..db import create_engine
+    from ..observe import stats as service
+    from ..queue import JobQueue
+
     settings = load_settings()
 
     async def go() -> dict[str, Any]:

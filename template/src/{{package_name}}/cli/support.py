@@ -13,31 +13,22 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from pydantic import ValidationError
-from redis.exceptions import RedisError
-from sqlalchemy.exc import DBAPIError
 
-from .. import paid_calls, queries
-from ..batched import DatabaseUnavailable
-from ..db import create_engine
-from ..observe import logs
-from ..queue import QueueUnavailable
-from ..registry import AgentError
-from ..settings import (
-    ENV_PREFIX,
-    Settings,
-    SettingsError,
-    check_database,
-    get_settings,
-    redact_url,
-)
 from ..states import JobState
-from ..submit import RecordedNotQueued, SubmitError
 from .app import options
 
+if TYPE_CHECKING:
+    from .. import paid_calls, queries
+    from ..settings import Settings
+
+# The command modules import only typer and light modules at their top, and the service's
+# modules (the database, Redis, logging and settings stacks) inside each command and the
+# helpers here: `--help` and every command load only what they use.
+
+_PACKAGE = __name__.split(".")[0]
 T = TypeVar("T")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -57,6 +48,11 @@ def load_settings(*, service: bool = False) -> Settings:
     info up. An admin command whose stdout is a terminal prints warnings and errors as plain
     lines (info too with `-v`), unless a log format was set; elsewhere it logs like the worker.
     """
+    from pydantic import ValidationError
+
+    from ..observe import logs
+    from ..settings import ENV_PREFIX, SettingsError, check_database, get_settings
+
     try:
         settings = get_settings()
         check_database(settings)
@@ -79,6 +75,8 @@ def load_settings(*, service: bool = False) -> Settings:
 def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = False) -> T:
     """Run `coro`, turning known failures into one line and an exit code; a service (the
     worker) on the event loop its settings name (`event_loop`)."""
+    from ..settings import SettingsError, redact_url
+
     try:
         runner = event_loop_runner(settings.event_loop) if service else asyncio.run
     except SettingsError as exc:
@@ -86,14 +84,23 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
         fail(str(exc))
     try:
         return runner(coro)
-    except (SubmitError, SettingsError, AgentError) as exc:
+    except (
+        *error_of(".submit", "SubmitError"),
+        SettingsError,
+        *error_of(".registry", "AgentError"),
+    ) as exc:
         fail(str(exc))
-    except RecordedNotQueued as exc:
+    except error_of(".submit", "RecordedNotQueued") as exc:
         typer.echo(exc.job_id)
         fail(str(exc), code=1)
-    except QueueUnavailable as exc:
+    except error_of(".queue", "QueueUnavailable") as exc:
         fail(str(exc), code=1)
-    except (DBAPIError, OSError, DatabaseUnavailable, RedisError) as exc:
+    except (
+        *error_of("sqlalchemy.exc", "DBAPIError"),
+        OSError,
+        *error_of(".batched", "DatabaseUnavailable"),
+        *error_of("redis.exceptions", "RedisError"),
+    ) as exc:
         fail(
             f"cannot reach the database or Redis ({redact_url(settings.database_url)}): "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
@@ -101,9 +108,19 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
         )
 
 
+def error_of(module: str, name: str) -> tuple[Any, ...]:
+    """The exception class `name` of `module` (".queue": this package's) when the command has
+    loaded that module, else none: an error of a module not loaded cannot have been raised,
+    and catching it must not load its stack (redis-py for `jobs list`, say)."""
+    loaded = sys.modules.get(_PACKAGE + module if module.startswith(".") else module)
+    return () if loaded is None else (getattr(loaded, name),)
+
+
 def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, T]], T]:
     """`asyncio.run`, or `uvloop.run` when `choice` is "uvloop", or "auto" and it imports;
     SettingsError when "uvloop" does not."""
+    from ..settings import ENV_PREFIX, SettingsError
+
     if choice == "asyncio":
         return asyncio.run
     try:
@@ -131,6 +148,8 @@ def parse_state(state: str | None) -> JobState | None:
 
 
 async def with_conn(settings: Settings, read: Callable[[Any], Awaitable[T]]) -> T:
+    from ..db import create_engine
+
     engine = create_engine(settings)
     try:
         async with engine.connect() as conn:

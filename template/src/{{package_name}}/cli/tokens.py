@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-from .. import tokens
-from ..db import create_engine
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
 
@@ -17,6 +15,7 @@ tokens_app = typer.Typer(
     help="Bearer tokens of the API and the console (viewer < operator < admin).",
     no_args_is_help=True,
 )
+# Each command imports the service's modules it uses when it runs (support.py says why).
 app.add_typer(tokens_app, name="tokens")
 By = Annotated[str, typer.Option(help="Who does this, for the audit log.")]
 
@@ -28,6 +27,9 @@ def tokens_create(
     by: By = "cli",
 ) -> None:
     """Make a token; it is printed once, on the last line, and only its hash is kept."""
+    from .. import tokens
+    from ..db import create_engine
+
     try:
         wanted = tokens.Role.parse(role)
         tokens.check_name(name)
@@ -53,6 +55,8 @@ def tokens_create(
 @tokens_app.command("list")
 def tokens_list(as_json: JsonFlag = False) -> None:
     """Every token's name, role and state (never the token itself)."""
+    from .. import tokens
+
     settings = load_settings()
     found = run(with_conn(settings, tokens.list_tokens), settings)
     if as_json:
@@ -78,6 +82,9 @@ def tokens_revoke(
     name: Annotated[str, typer.Argument(help="The token's name.")], by: By = "cli"
 ) -> None:
     """Stop a token working, at once (audited)."""
+    from .. import tokens
+    from ..db import create_engine
+
     settings = load_settings()
 
     async def go() -> None:

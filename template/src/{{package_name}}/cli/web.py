@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from ..settings import SettingsError
 from .app import app
 from .support import fail, load_settings
 
@@ -30,7 +28,9 @@ def web(
 ) -> None:
     """Serve the JSON API (/api/, bearer tokens) and the console (/, a login with a token)."""
     import uvicorn
+    from pydantic import ValidationError
 
+    from ..settings import SettingsError
     from ..web.app import SECRET_VAR, WebSettings, create_app, web_secret
 
     settings = load_settings()

@@ -14,18 +14,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..queries import Job
-
-try:
-    from opentelemetry import propagate
-    from opentelemetry.trace import SpanKind
-
-    INSTALLED = True
-except ImportError:  # the `otel` extra is not installed: tracing stays off
-    INSTALLED = False
 
 TRACER_NAME = __name__.split(".", 1)[0]
 MESSAGING_SYSTEM = "arq"
@@ -41,11 +34,25 @@ def use_provider(provider: Any) -> None:
 
 def _tracer() -> Any:
     """The tracer when tracing is on, else None."""
-    if not INSTALLED:
+    if _provider is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return None  # off: OpenTelemetry is not even imported
+    if not _installed():
         return None
-    if _provider is None and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if _provider is None:
         _configure()
     return None if _provider is None else _provider.get_tracer(TRACER_NAME)
+
+
+@cache
+def _installed() -> bool:
+    """Whether the `otel` extra is installed; asked only once tracing could be on, so that a
+    process that does not trace never loads OpenTelemetry."""
+    try:
+        import opentelemetry.propagate
+        import opentelemetry.trace  # noqa: F401 - whether they import is the question
+    except ImportError:  # the `otel` extra is not installed: tracing stays off
+        return False
+    return True
 
 
 def _configure() -> None:
@@ -83,6 +90,9 @@ def submit_span(agent: str, lane: str, *, jobs: int = 1) -> Iterator[Submit]:
     if tracer is None:
         yield Submit(None, None)
         return
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
+
     attributes: dict[str, Any] = {
         "messaging.system": MESSAGING_SYSTEM,
         "messaging.destination.name": lane,
@@ -106,6 +116,9 @@ def run_span(job: Job) -> Iterator[None]:
     if tracer is None:
         yield
         return
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
+
     parent = propagate.extract(job.trace_context) if job.trace_context else None
     attributes = {
         "messaging.system": MESSAGING_SYSTEM,
