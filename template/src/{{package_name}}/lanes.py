@@ -279,8 +279,13 @@ class LaneWorker(Worker):
         started = time.monotonic()
         self._read = 0
         await super()._poll_iteration()
-        if self._read < self.queue_read_limit:
+        if self._read < self.queue_read_limit and not await self._burst_over():
             await self._wait_for_work(self.wait_s - (time.monotonic() - started))
+
+    async def _burst_over(self) -> bool:
+        """In burst mode, whether the lane's queue is empty: arq then ends the worker at once
+        (it looks for itself next), and a wait for work would only delay the exit."""
+        return self.burst and self._read == 0 and await self.pool.zcard(self.queue_name) == 0
 
     async def _wait_for_work(self, timeout_s: float) -> None:
         if timeout_s <= 0:
