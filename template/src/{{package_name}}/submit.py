@@ -17,9 +17,10 @@ from decimal import Decimal
 from typing import Any
 
 import structlog
+from sqlalchemy.exc import OperationalError
 
 from . import deadlines, job_store
-from .batched import PostgresInserts
+from .batched import INSERT_SQL, DatabaseUnavailable, PostgresInserts
 from .budgets import BudgetRefused, parse_budget
 from .db import create_engine, one_statement, transaction
 from .observe import tracing
@@ -174,7 +175,12 @@ class Submitter:
         if self._inserts is not None and row.budget_micros is None:
             # PostgreSQL, no budget: one INSERT with the concurrent callers' rows.
             job_id = job_store.new_job_id()
-            if await self._inserts.insert(job_id, row, now):
+            try:
+                written = await self._inserts.insert(job_id, row, now)
+            except DatabaseUnavailable as exc:
+                # What SQLAlchemy raises for the same failure: callers catch one family.
+                raise OperationalError(INSERT_SQL, None, exc.__cause__ or exc) from exc
+            if written:
                 return job_id, True
             async with self.engine.connect() as conn:
                 return await job_store.holder(conn, row.owner, row.idempotency_key), False

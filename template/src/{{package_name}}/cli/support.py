@@ -98,7 +98,6 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
     except (
         *error_of("sqlalchemy.exc", "DBAPIError"),
         OSError,
-        *error_of(".batched", "DatabaseUnavailable"),
         *error_of("redis.exceptions", "RedisError"),
     ) as exc:
         fail(
