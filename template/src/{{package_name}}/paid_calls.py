@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -112,6 +112,10 @@ class PaidCalls:
     # What a call no budget or cap can cover does: "deny" the job, or "wait" for a person
     # on an approval named `budget` (the agent's `on_budget`; budget_asks.py).
     on_budget: str = "deny"
+    # Calls of this attempt that may be recorded `open`: from their reservation until their
+    # settle is written. When the attempt ends with one left (a settle's write failed, or the
+    # agent caught that error and went on), the runner reads the record (runner.settled).
+    unsettled: set[str] = field(default_factory=set)
 
     async def call(
         self,
@@ -123,13 +127,19 @@ class PaidCalls:
     ) -> Any:
         """Run `fn` at most once per job under `name`, within the spend caps."""
         max_micros = spend.to_micros(max_cost_usd)
+        if cost_usd is not None and not callable(cost_usd):
+            spend.to_micros(cost_usd)  # a wrong constant fails here, before anything is sent
         day = spend.utc_day(datetime.now(UTC))
+        self.unsettled.add(name)
         try:
             row = await self._find_or_open(name, max_micros, day)
         except spend.SpendDenied as denied:
+            self.unsettled.discard(name)  # refused: nothing was written
             if self.on_budget != "wait" or denied.stop is None:
                 raise
             await budget_asks.ask(self.engine, self.job_id, name, denied)
+        if row is not None:
+            self.unsettled.discard(name)  # an earlier attempt's record: not opened here
         if row is not None and row.state == "closed":
             self.observe(self.agent, "reused")
             return self.decode(row.result)
@@ -186,18 +196,21 @@ class PaidCalls:
     def _cost_micros(self, name: str, result: Any, cost_usd: Cost, max_micros: int) -> int:
         """The call's cost: given, or priced from the result; an unpriced result counts the
         whole reservation (never zero)."""
-        if cost_usd is not None:
-            return spend.to_micros(cost_usd(result) if callable(cost_usd) else cost_usd)
         from . import pricing  # the price table loads on the first call that needs it
 
         try:
+            if cost_usd is not None:
+                return spend.to_micros(cost_usd(result) if callable(cost_usd) else cost_usd)
             return spend.to_micros(pricing.result_cost_usd(result))
-        except pricing.UnknownPrice as exc:
+        except Exception as exc:  # noqa: BLE001 - the call was charged: its result is kept
+            # An unknown price, or a `cost_usd` that raised or gave no Decimal: the call
+            # still closes with its result, counted at the whole reservation.
+            reason = str(exc) if isinstance(exc, pricing.UnknownPrice) else _cost_error(exc)
             log.warning(
                 "paid_call_not_priced",
                 job_id=self.job_id,
                 call=name,
-                reason=str(exc),
+                reason=reason,
                 counted_usd=str(spend.to_usd(max_micros)),
             )
             return max_micros
@@ -291,6 +304,7 @@ class PaidCalls:
             )
             settled = {"name": name, "state": "closed", "cost_usd": str(spend.to_usd(cost_micros))}
             await self._event(conn, {**settled, **facts})
+        self.unsettled.discard(name)
 
     async def _event(self, conn: AsyncConnection, data: dict[str, Any]) -> None:
         """The call's `paid_call_settled` event, in the transaction that settles it."""
@@ -310,10 +324,12 @@ class PaidCalls:
             await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
             refused = {"name": name, "state": "not_charged", "duration_s": round(duration_s, 3)}
             await self._event(conn, refused)
+        self.unsettled.discard(name)
 
     async def _park(self, name: str, cost_micros: int | None = None) -> None:
         async with transaction(self.engine) as conn:
             await park_open_calls(conn, self.job_id, only=name, cost_micros=cost_micros)
+        self.unsettled.discard(name)
 
 
 async def park_open_calls(
@@ -363,6 +379,10 @@ async def park_open_calls(
     ]
     await events.append(conn, job_id, parked, now=datetime.now(UTC))
     return len(rows)
+
+
+def _cost_error(exc: Exception) -> str:
+    return f"cost_usd failed ({type(exc).__name__}: {exc}); give a Decimal, str or int in USD"
 
 
 def call_facts(result: Any) -> dict[str, Any]:

@@ -438,8 +438,9 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         async with scope:
             result = await agent.run(ctx, dict(job.payload))
         _check_result(result)
+        outcome = Outcome.completed(result)
     except waiting.Wait as wait:
-        return Outcome.waiting(wait.reason)
+        outcome = Outcome.waiting(wait.reason)
     except asyncio.CancelledError:
         if not interrupt.stopped:
             raise  # the worker is stopping, or arq ended the job: not ours to record
@@ -447,13 +448,34 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         return await patiently(lambda: stopped(runtime, run), jlog)
     except (Exception, spend.SpendDenied, PaidCallInDoubt) as exc:  # noqa: BLE001 - all recorded
         if timeout == left and scope.expired() and isinstance(exc, TimeoutError):
-            return Outcome.failed(deadlines.error(job))  # the deadline ended it, not a timeout
-        return within_deadline(job, decide(runtime.policy, job, exc, agent.permanent_errors))
+            outcome = Outcome.failed(deadlines.error(job))  # the deadline ended it, no retry
+        else:
+            outcome = within_deadline(job, decide(runtime.policy, job, exc, agent.permanent_errors))
     finally:
         runtime.running.leave(interrupt)
         await heartbeat.stop()
         report_version_change(ctx, replay)
-    return Outcome.completed(result)
+    return await settled(runtime, run, paid, outcome)
+
+
+async def settled(runtime: Runtime, run: Run, paid: PaidCalls, outcome: Outcome) -> Outcome:
+    """The attempt's outcome, unless it leaves a paid call recorded `open`: the write of
+    the call's cost or refusal failed (the database went away), or the agent caught that
+    error and went on. The call was sent, so the job is `in_doubt` whatever the agent did,
+    with the reservation counted as spent; ended or retried, it would keep the reservation
+    or lose the doubt. The record is read only after such a failure."""
+    if not paid.unsettled or outcome.kind is Kind.IN_DOUBT:
+        return outcome
+
+    async def still_open() -> bool:
+        async with runtime.engine.connect() as conn:
+            return await paid_calls.has_open_call(conn, run.job.id)
+
+    if not await patiently(still_open, run.log):
+        return outcome  # the settle was written after all; only its answer was lost
+    calls = ", ".join(sorted(paid.unsettled))
+    reason = f"paid call {calls} has no recorded outcome; the provider may have charged"
+    return Outcome.in_doubt(job_store.ErrorInfo("PaidCallInDoubt", reason))
 
 
 async def replay_of(runtime: Runtime, job: job_store.Job, agent: Agent) -> versions.Replay:
