@@ -174,7 +174,12 @@ class PaidCalls:
                 "return a dict or the SDK's response object from fn"
             ) from exc
         facts = {"duration_s": round(time.monotonic() - started, 3), **call_facts(result)}
-        await self._close(name, max_micros, cost_micros, day, record, facts)
+        if not await self._close(name, max_micros, cost_micros, day, record, facts):
+            self.observe(self.agent, "in_doubt")
+            raise PaidCallInDoubt(
+                f"paid call {name!r} was parked in_doubt while it ran (its job's lease "
+                "expired and recovery took the job over); its result was not recorded"
+            )
         self.observe(self.agent, "charged")
         return result
 
@@ -280,9 +285,12 @@ class PaidCalls:
         day: date,
         result: Any,
         facts: dict[str, Any],
-    ) -> None:
+    ) -> bool:
+        """Record the call `closed` with its cost and result and settle its reservation;
+        False, with nothing written, when it is no longer `open`: parked `in_doubt` while it
+        ran, its reservation counted as spent there (recovery.rescue)."""
         async with transaction(self.engine) as conn:
-            await conn.execute(
+            closed = await conn.execute(
                 update(paid_calls)
                 .where(
                     paid_calls.c.job_id == self.job_id,
@@ -296,6 +304,8 @@ class PaidCalls:
                     finished_at=datetime.now(UTC),
                 )
             )
+            if closed.rowcount == 0:
+                return False
             await budgets.settle(
                 conn, self.budget_id, reserved_micros=max_micros, cost_micros=cost_micros
             )
@@ -305,6 +315,7 @@ class PaidCalls:
             settled = {"name": name, "state": "closed", "cost_usd": str(spend.to_usd(cost_micros))}
             await self._event(conn, {**settled, **facts})
         self.unsettled.discard(name)
+        return True
 
     async def _event(self, conn: AsyncConnection, data: dict[str, Any]) -> None:
         """The call's `paid_call_settled` event, in the transaction that settles it."""
@@ -312,14 +323,19 @@ class PaidCalls:
         await events.append(conn, self.job_id, [settled], now=datetime.now(UTC))
 
     async def _forget(self, name: str, max_micros: int, day: date, duration_s: float) -> None:
+        """Delete the `open` record of a call the provider did not charge and release its
+        reservation; nothing, when it was parked `in_doubt` while it ran (recovery.rescue
+        counted it there: an operator's `not-charged` gives it back)."""
         async with transaction(self.engine) as conn:
-            await conn.execute(
+            forgotten = await conn.execute(
                 paid_calls.delete().where(
                     paid_calls.c.job_id == self.job_id,
                     paid_calls.c.name == name,
                     paid_calls.c.state == "open",
                 )
             )
+            if forgotten.rowcount == 0:
+                return
             await budgets.settle(conn, self.budget_id, reserved_micros=max_micros, cost_micros=0)
             await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
             refused = {"name": name, "state": "not_charged", "duration_s": round(duration_s, 3)}
