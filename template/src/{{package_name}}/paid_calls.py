@@ -163,6 +163,21 @@ class PaidCalls:
                 f"paid call {name!r} failed with {type(exc).__name__} after it was sent; "
                 "the provider may have charged it"
             ) from exc
+        facts = {"duration_s": round(time.monotonic() - started, 3), **call_facts(result)}
+        await self._keep(name, result, cost_usd, max_micros, day, facts)
+        return result
+
+    async def _keep(
+        self,
+        name: str,
+        result: Any,
+        cost_usd: Cost,
+        max_micros: int,
+        day: date,
+        facts: dict[str, Any],
+    ) -> None:
+        """Record a charged call's cost and result (PaidCallInDoubt when the result cannot
+        be stored, or the call was parked while it ran)."""
         cost_micros = self._cost_micros(name, result, cost_usd, max_micros)
         try:
             record = self.encode(result)
@@ -173,7 +188,6 @@ class PaidCalls:
                 f"paid call {name!r} was charged ${spend.to_usd(cost_micros)}, but {exc}; "
                 "return a dict or the SDK's response object from fn"
             ) from exc
-        facts = {"duration_s": round(time.monotonic() - started, 3), **call_facts(result)}
         if not await self._close(name, max_micros, cost_micros, day, record, facts):
             self.observe(self.agent, "in_doubt")
             raise PaidCallInDoubt(
@@ -181,7 +195,6 @@ class PaidCalls:
                 "expired and recovery took the job over); its result was not recorded"
             )
         self.observe(self.agent, "charged")
-        return result
 
     async def _find_or_open(self, name: str, max_micros: int, day: date) -> Any:
         """The call's record, or None once it is reserved and recorded open (SpendDenied,
