@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -127,6 +128,11 @@ class LaneWorker(Worker):
     job, ends the jobs that end together with one more (`Finisher`) where arq spends one
     each, and counts its slots itself: arq's semaphore holds one permit more than
     `max_jobs`, so waiting on it never waits.
+
+    A slot holds one agent's run: the runner frees it once the agent has returned
+    (`release_slot` in the job's context), so the next jobs are claimed while the outcomes
+    of the last ones are written. At most `max_jobs` agents run at once; a job's task, which
+    `close` waits for, lives on until its outcome and its end in Redis are written.
     """
 
     def __init__(self, *, lane: str, poll_delay: float, **config: Any) -> None:
@@ -138,6 +144,7 @@ class LaneWorker(Worker):
         self._starter: Starter | None = None
         self._finisher: Finisher | None = None
         self._slot_freed = asyncio.Event()
+        self._released: set[str] = set()  # jobs whose slot freed before their task ended
         self.ctx["ring_when_due"] = self.ring_when_due
 
     def ring_when_due(self, delay_s: float, job_id: str, priority: int | None) -> None:
@@ -200,7 +207,7 @@ class LaneWorker(Worker):
         for job in started:
             self.job_counter += 1
             task = self.loop.create_task(self._run(job, self._finisher))
-            task.add_done_callback(self._job_ended)
+            task.add_done_callback(functools.partial(self._job_ended, job.job_id))
             self.tasks[job.job_id] = task
 
     async def _run(self, job: Started, finisher: Finisher) -> None:
@@ -240,6 +247,7 @@ class LaneWorker(Worker):
             "job_try": job_try,
             "enqueue_time": ms_to_datetime(enqueued_ms),
             "score": job.score,
+            "release_slot": functools.partial(self.release_slot, job.job_id),
         }
         started_ms = timestamp_ms()
         try:
@@ -271,7 +279,19 @@ class LaneWorker(Worker):
         )  # fmt: skip
         return Ending(job.job_id, "done", result=kept or b"")
 
-    def _job_ended(self, _: asyncio.Task[None]) -> None:
+    def release_slot(self, job_id: str) -> None:
+        """Free `job_id`'s slot before its task ends (its agent has returned); once only."""
+        if job_id not in self._released:
+            self._released.add(job_id)
+            self._free_slot()
+
+    def _job_ended(self, job_id: str, _: asyncio.Task[None]) -> None:
+        if job_id in self._released:
+            self._released.discard(job_id)
+        else:
+            self._free_slot()
+
+    def _free_slot(self) -> None:
         self.job_counter -= 1
         self._slot_freed.set()
 

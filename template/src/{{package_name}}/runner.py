@@ -289,6 +289,7 @@ async def run_admitted(
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, run), run.log)
         outcome = check or await call_agent(runtime, run, admission)
+        free_slot(ctx)  # the agent is done: the lane may start its next job meanwhile
         # What the agent emitted is written before its outcome's event; a job that may now
         # hold more events than it keeps is trimmed once the outcome is written.
         emitted = 0 if runtime.events is None else await runtime.events.settle(job.id)
@@ -298,6 +299,14 @@ async def run_admitted(
             if runtime.events is not None and (emitted or job.event_seq > runtime.events.keep):
                 await trim_events(runtime.events, run)
         return observed.state
+
+
+def free_slot(ctx: dict[str, Any]) -> None:
+    """Tell the lane worker (lanes.LaneWorker.release_slot) that this job's agent no longer
+    runs, so its slot may take the next job while the outcome is written."""
+    release = ctx.get("release_slot")
+    if release is not None:
+        release()
 
 
 async def trim_events(buffer: EventBuffer, run: Run) -> None:
