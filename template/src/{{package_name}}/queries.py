@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, and_, case, func, literal, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .models import attempts, jobs
+from .models import attempts, jobs, webhook_deliveries
 from .states import SETTLED, TERMINAL, JobState
 
 # `waiting_for` of a parent waiting for its children; an approval's is "approval:NAME".
@@ -104,6 +104,19 @@ class Attempt:
     traceback: str | None
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """One notification of a job's end to a webhook endpoint (webhooks.py), as sent so far."""
+
+    endpoint: str
+    state: str  # pending / sending / sent / failed (given up)
+    attempts: int
+    created_at: datetime
+    next_attempt_at: datetime
+    sent_at: datetime | None
+    last_error: str | None
+
+
 # One job ----------------------------------------------------------------------------------
 
 
@@ -121,6 +134,16 @@ async def job_attempts(conn: AsyncConnection, job_id: str) -> list[Attempt]:
         .order_by(attempts.c.number)
     )
     return [Attempt(**row._mapping) for row in await conn.execute(stmt)]
+
+
+async def job_deliveries(conn: AsyncConnection, job_id: str) -> list[Delivery]:
+    """A job's webhook notifications, oldest first (none when no endpoint is set)."""
+    stmt = (
+        select(*(webhook_deliveries.c[name] for name in Delivery.__dataclass_fields__))
+        .where(webhook_deliveries.c.job_id == job_id)
+        .order_by(webhook_deliveries.c.id)
+    )
+    return [Delivery(**row._mapping) for row in await conn.execute(stmt)]
 
 
 async def children_of(conn: AsyncConnection, parent_id: str) -> list[Job]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -149,6 +150,39 @@ def _read_payload(input_json: str | None, input_file: Path | None) -> Any:
         )
 
 
+@dataclass
+class JobView:
+    """Everything `jobs show` prints about one job."""
+
+    job: queries.Job
+    attempts: list[queries.Attempt]
+    calls: list[paid_calls.PaidCall]
+    done_steps: list[steps.Step]
+    asked: list[approvals.Approval]
+    children: list[queries.Job]
+    deliveries: list[queries.Delivery]
+    cost: dict[str, Any]
+    version_change: dict[str, Any] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = self.job.as_dict()
+        out["attempt_log"] = [attempt_dict(a) for a in self.attempts]
+        out["paid_calls"] = [attempt_dict(c) for c in self.calls]
+        out["steps"] = [
+            {"name": s.name, "attempt": s.attempt, "result": s.result, "at": s.created_at}
+            for s in self.done_steps
+        ]
+        out["approvals"] = [a.as_dict() for a in self.asked]
+        out["children"] = [
+            {"key": k.child_key, "id": k.id, "agent": k.agent, "state": k.state.value}
+            for k in self.children
+        ]
+        out["webhook_deliveries"] = [attempt_dict(d) for d in self.deliveries]
+        out["cost"] = self.cost
+        out["version_change"] = self.version_change
+        return out
+
+
 @jobs_app.command("show")
 def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
     """One job with every attempt."""
@@ -157,59 +191,40 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
 
     settings = load_settings()
 
-    async def go() -> tuple[
-        queries.Job | None,
-        list[queries.Attempt],
-        list[paid_calls.PaidCall],
-        list[steps.Step],
-        list[approvals.Approval],
-        list[queries.Job],
-        dict[str, Any],
-        dict[str, Any] | None,
-    ]:
+    async def go() -> JobView | None:
         engine = create_engine(settings)
         try:
             async with engine.connect() as conn:
                 job = await queries.get_job(conn, job_id)
-                cost = await budgets.cost_of(conn, job_id, None if job is None else job.budget_id)
-                return (
+                if job is None:
+                    return None
+                return JobView(
                     job,
                     await queries.job_attempts(conn, job_id),
                     await paid_calls.calls_of(conn, job_id),
                     await steps.steps_of(conn, job_id),
                     await approvals.of_job(conn, job_id),
                     await queries.children_of(conn, job_id),
-                    cost,
+                    await queries.job_deliveries(conn, job_id),
+                    await budgets.cost_of(conn, job_id, job.budget_id),
                     await versions.last_report(conn, job_id),
                 )
         finally:
             await engine.dispose()
 
-    job, attempts, calls, done_steps, asked, kids, cost, changed = run(go(), settings)
-    if job is None:
+    view = run(go(), settings)
+    if view is None:
         fail(f"no job with id {job_id}")
     if as_json:
-        out = job.as_dict()
-        out["attempt_log"] = [attempt_dict(a) for a in attempts]
-        out["paid_calls"] = [attempt_dict(c) for c in calls]
-        out["steps"] = [
-            {"name": s.name, "attempt": s.attempt, "result": s.result, "at": s.created_at}
-            for s in done_steps
-        ]
-        out["approvals"] = [a.as_dict() for a in asked]
-        out["children"] = [
-            {"key": k.child_key, "id": k.id, "agent": k.agent, "state": k.state.value} for k in kids
-        ]
-        out["cost"] = cost
-        out["version_change"] = changed
-        typer.echo(json.dumps(out, indent=2, default=str))
+        typer.echo(json.dumps(view.as_dict(), indent=2, default=str))
         return
+    job, changed = view.job, view.version_change
     for key, value in job.as_dict().items():
         if key not in {"payload", "result"}:
             typer.echo(f"{key:>17}  {'' if value is None else value}")
     typer.echo(f"{'payload':>17}  {json.dumps(job.payload)}")
     typer.echo(f"{'result':>17}  {json.dumps(job.result) if job.result is not None else ''}")
-    for line in cost_lines(cost) + ([] if changed is None else versions.report_lines(changed)):
+    for line in cost_lines(view.cost) + ([] if changed is None else versions.report_lines(changed)):
         typer.echo(line)
     typer.echo("")
     table(
@@ -221,10 +236,10 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
                 a.outcome or "(running)",
                 f"{a.error_class}: {a.error_message}" if a.error_class else "",
             ]
-            for a in attempts
+            for a in view.attempts
         ],
     )
-    if calls:
+    if view.calls:
         typer.echo("")
         table(
             ["paid call", "attempt", "state", "max cost", "cost"],
@@ -236,10 +251,11 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
                     f"${c.max_cost_usd}",
                     "" if c.cost_usd is None else f"${c.cost_usd}",
                 ]
-                for c in calls
+                for c in view.calls
             ],
         )
-    _show_durable(done_steps, asked, kids)
+    _show_durable(view.done_steps, view.asked, view.children)
+    _show_deliveries(view.deliveries)
 
 
 def cost_lines(cost: dict[str, Any]) -> list[str]:
@@ -297,6 +313,26 @@ def _show_durable(
                 for k in kids
             ],
         )
+
+
+def _show_deliveries(deliveries: list[queries.Delivery]) -> None:
+    """`jobs show`'s webhook notifications: each endpoint told, how far, and why not yet."""
+    if not deliveries:
+        return
+    typer.echo("")
+    table(
+        ["webhook", "state", "tries", "sent", "last error"],
+        [
+            [
+                d.endpoint,
+                d.state,
+                str(d.attempts),
+                short_time(d.sent_at) if d.sent_at is not None else "",
+                (d.last_error or "")[:60],
+            ]
+            for d in deliveries
+        ],
+    )
 
 
 @jobs_app.command("list")

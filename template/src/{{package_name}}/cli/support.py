@@ -189,5 +189,7 @@ def short_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def attempt_dict(attempt: queries.Attempt | paid_calls.PaidCall) -> dict[str, Any]:
+def attempt_dict(
+    attempt: queries.Attempt | queries.Delivery | paid_calls.PaidCall,
+) -> dict[str, Any]:
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in attempt.__dict__.items()}

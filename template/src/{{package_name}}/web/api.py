@@ -154,7 +154,7 @@ def _submission(body: dict[str, Any]) -> tuple[str, str | None, Any, str, str | 
 
 @endpoint(Role.VIEWER)
 async def get_job(request: Request, services: Services, principal: Principal) -> Response:
-    """One job with its attempts, paid calls and audit entries."""
+    """One job with its attempts, paid calls, audit entries, cost and webhook notifications."""
     job_id = request.path_params["job_id"]
     async with services.engine.connect() as conn:
         job = await queries.get_job(conn, job_id)
@@ -165,6 +165,8 @@ async def get_job(request: Request, services: Services, principal: Principal) ->
         out["paid_calls"] = [_plain(c.__dict__) for c in await paid_calls.calls_of(conn, job_id)]
         out["audit"] = [e.as_dict() for e in await audit.entries(conn, target=job_id)]
         out["cost"] = await budgets.cost_of(conn, job_id, job.budget_id)
+        found = await queries.job_deliveries(conn, job_id)
+        out["webhook_deliveries"] = [_plain(d.__dict__) for d in found]
     return reply(bodies.JobDetail, out)
 
 

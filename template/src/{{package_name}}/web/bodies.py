@@ -258,6 +258,18 @@ class PaidCall(Response):
     finished_at: Time | None
 
 
+class WebhookDelivery(Response):
+    """One notification of the job's end to a webhook endpoint."""
+
+    endpoint: str
+    state: str = Field(description="pending, sending, sent, or failed (given up after 72 h).")
+    attempts: int = Field(description="Sends tried so far.")
+    created_at: Time
+    next_attempt_at: Time
+    sent_at: Time | None
+    last_error: str | None
+
+
 class AuditEntry(Response):
     at: Time
     actor: str
@@ -302,6 +314,7 @@ class JobDetail(Job):
     paid_calls: list[PaidCall]
     audit: list[AuditEntry]
     cost: Cost
+    webhook_deliveries: list[WebhookDelivery]
 
 
 class JobEvent(Response):
