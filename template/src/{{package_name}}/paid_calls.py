@@ -130,16 +130,12 @@ class PaidCalls:
         if cost_usd is not None and not callable(cost_usd):
             spend.to_micros(cost_usd)  # a wrong constant fails here, before anything is sent
         day = spend.utc_day(datetime.now(UTC))
-        self.unsettled.add(name)
         try:
             row = await self._find_or_open(name, max_micros, day)
         except spend.SpendDenied as denied:
-            self.unsettled.discard(name)  # refused: nothing was written
             if self.on_budget != "wait" or denied.stop is None:
                 raise
             await budget_asks.ask(self.engine, self.job_id, name, denied)
-        if row is not None:
-            self.unsettled.discard(name)  # an earlier attempt's record: not opened here
         if row is not None and row.state == "closed":
             self.observe(self.agent, "reused")
             return self.decode(row.result)
@@ -209,21 +205,26 @@ class PaidCalls:
             ).first()
             if row is None:
                 await self._open(conn, name, max_micros, day)
+                # From before the commit: a commit whose answer is lost may have written it.
+                self.unsettled.add(name)
         return row
 
     def _cost_micros(self, name: str, result: Any, cost_usd: Cost, max_micros: int) -> int:
         """The call's cost: given, or priced from the result; an unpriced result counts the
         whole reservation (never zero)."""
-        from . import pricing  # the price table loads on the first call that needs it
-
         try:
             if cost_usd is not None:
                 return spend.to_micros(cost_usd(result) if callable(cost_usd) else cost_usd)
+            from . import pricing  # the price table loads on the first call that needs it
+
             return spend.to_micros(pricing.result_cost_usd(result))
         except Exception as exc:  # noqa: BLE001 - the call was charged: its result is kept
             # An unknown price, or a `cost_usd` that raised or gave no Decimal: the call
             # still closes with its result, counted at the whole reservation.
-            reason = str(exc) if isinstance(exc, pricing.UnknownPrice) else _cost_error(exc)
+            reason = str(exc)
+            if cost_usd is not None:
+                failed = f"{type(exc).__name__}: {exc}"
+                reason = f"cost_usd failed ({failed}); give a Decimal, str or int in USD"
             log.warning(
                 "paid_call_not_priced",
                 job_id=self.job_id,
@@ -408,10 +409,6 @@ async def park_open_calls(
     ]
     await events.append(conn, job_id, parked, now=datetime.now(UTC))
     return len(rows)
-
-
-def _cost_error(exc: Exception) -> str:
-    return f"cost_usd failed ({type(exc).__name__}: {exc}); give a Decimal, str or int in USD"
 
 
 def call_facts(result: Any) -> dict[str, Any]:
