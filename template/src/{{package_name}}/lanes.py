@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 from arq.connections import RedisSettings
+from arq.constants import in_progress_key_prefix
 from arq.jobs import SerializationError, deserialize_job_raw, serialize_result
 from arq.utils import ms_to_datetime, timestamp_ms
 from arq.worker import Retry, RetryJob, Worker, func
@@ -52,6 +53,9 @@ RECORD_GRACE_S = 5
 ARQ_MAX_TRIES = 10_000
 # arq keeps a started job's in-progress key for its function's timeout plus this.
 ARQ_IN_PROGRESS_EXTRA_S = 10
+# A job claimed ahead that waited longer than this for an agent slot has its in-progress key
+# renewed before its agent runs: the wait does not eat into arq's margin above.
+RENEW_AFTER_WAIT_S = ARQ_IN_PROGRESS_EXTRA_S / 2
 # After a fault, a lane's worker is rebuilt after a pause that doubles from the first value
 # up to the second, and drops back to the first once a rebuilt worker has run HEALTHY_RUN_S:
 # a long Redis outage costs one log line per pause, never a crash loop.
@@ -85,6 +89,7 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
         "job_serializer": serialize,
         "job_deserializer": deserialize,
         "max_jobs": settings.max_jobs_of(lane),
+        "claim_ahead": settings.claim_ahead_of(lane),
         "poll_delay": settings.poll_delay_s,
         "keep_result": settings.keep_result_s,
         "max_tries": ARQ_MAX_TRIES,
@@ -133,12 +138,24 @@ class LaneWorker(Worker):
     (`release_slot` in the job's context), so the next jobs are claimed while the outcomes
     of the last ones are written. At most `max_jobs` agents run at once; a job's task, which
     `close` waits for, lives on until its outcome and its end in Redis are written.
+
+    With `claim_ahead` (at most `max_jobs`), the worker starts and claims that many jobs
+    more than its free slots, so claims go in larger batches; the runner then waits for an
+    agent slot (`take_slot` in the job's context) between the claim and the agent, its lease
+    renewed meanwhile. The wait is not counted in the job's arq timeout, and a long one
+    renews the job's in-progress key. A job claimed ahead waits for one agent run at most.
     """
 
-    def __init__(self, *, lane: str, poll_delay: float, **config: Any) -> None:
+    def __init__(
+        self, *, lane: str, poll_delay: float, claim_ahead: int = 0, **config: Any
+    ) -> None:
         super().__init__(**config, poll_delay=0)  # arq's poll loop no longer sleeps: we wait
         self.lane = lane
         self.wait_s = poll_delay
+        self.claim_ahead = claim_ahead
+        self._capacity = self.max_jobs + claim_ahead  # jobs started and not yet released
+        self._agents = asyncio.Semaphore(self.max_jobs)  # with claim_ahead only
+        self._holding: set[str] = set()  # jobs whose agent holds one of `_agents`
         self._read = 0
         self._rings: set[asyncio.Task[None]] = set()
         self._starter: Starter | None = None
@@ -203,7 +220,7 @@ class LaneWorker(Worker):
         # arq calls this only while it may pick jobs and has a free slot. One call either
         # fills every free slot or looks at every id: nothing is left to retry.
         ids = [job_id.decode() for job_id in job_ids]
-        _, started = await self._starter.start(ids, self.max_jobs - self.job_counter)
+        _, started = await self._starter.start(ids, self._capacity - self.job_counter)
         for job in started:
             self.job_counter += 1
             task = self.loop.create_task(self._run(job, self._finisher))
@@ -241,18 +258,12 @@ class LaneWorker(Worker):
             arq_log.warning("job %s: function %r not found or out of tries", job.job_id, name)
             self.jobs_failed += 1
             return Ending(job.job_id, "done")
-        ctx = {
-            **self.ctx,
-            "job_id": job.job_id,
-            "job_try": job_try,
-            "enqueue_time": ms_to_datetime(enqueued_ms),
-            "score": job.score,
-            "release_slot": functools.partial(self.release_slot, job.job_id),
-        }
+        timeout_s = self.job_timeout_s if function.timeout_s is None else function.timeout_s
+        scope = asyncio.timeout(timeout_s)
+        ctx = self._job_ctx(job, job_try, enqueued_ms, scope)
         started_ms = timestamp_ms()
         try:
-            timeout_s = self.job_timeout_s if function.timeout_s is None else function.timeout_s
-            async with asyncio.timeout(timeout_s):
+            async with scope:
                 result = await function.coroutine(ctx, *args, **kwargs)
         except Retry as retry:  # arq puts it back, due `defer_score` ms from now
             self.jobs_retried += 1
@@ -279,17 +290,63 @@ class LaneWorker(Worker):
         )  # fmt: skip
         return Ending(job.job_id, "done", result=kept or b"")
 
+    def _job_ctx(
+        self, job: Started, job_try: int, enqueued_ms: int, scope: asyncio.Timeout
+    ) -> dict[str, Any]:
+        """The job function's context, as arq's `run_job` builds it, with this worker's
+        slot callbacks."""
+        ctx = {
+            **self.ctx,
+            "job_id": job.job_id,
+            "job_try": job_try,
+            "enqueue_time": ms_to_datetime(enqueued_ms),
+            "score": job.score,
+            "release_slot": functools.partial(self.release_slot, job.job_id),
+        }
+        if self.claim_ahead:
+            ctx["take_slot"] = functools.partial(self.take_slot, job.job_id, scope)
+        return ctx
+
+    async def take_slot(self, job_id: str, scope: asyncio.Timeout) -> None:
+        """Wait for an agent slot for `job_id`, a job claimed ahead, outside its timeout
+        `scope`; renew its in-progress key after a long wait."""
+        if not self._agents.locked():
+            await self._agents.acquire()  # free: returns at once
+            self._holding.add(job_id)
+            return
+        loop = asyncio.get_running_loop()
+        since, due = loop.time(), scope.when()
+        scope.reschedule(None)
+        try:
+            await self._agents.acquire()
+        finally:
+            waited = loop.time() - since
+            if due is not None:
+                scope.reschedule(due + waited)
+        self._holding.add(job_id)
+        if waited > RENEW_AFTER_WAIT_S:
+            expiry_ms = int(self.in_progress_timeout_s * 1000)
+            with contextlib.suppress(RedisError, OSError):  # the claim's lease still guards it
+                await self.pool.pexpire(in_progress_key_prefix + job_id, expiry_ms)
+
     def release_slot(self, job_id: str) -> None:
         """Free `job_id`'s slot before its task ends (its agent has returned); once only."""
+        self._leave_agent_slot(job_id)
         if job_id not in self._released:
             self._released.add(job_id)
             self._free_slot()
 
     def _job_ended(self, job_id: str, _: asyncio.Task[None]) -> None:
+        self._leave_agent_slot(job_id)
         if job_id in self._released:
             self._released.discard(job_id)
         else:
             self._free_slot()
+
+    def _leave_agent_slot(self, job_id: str) -> None:
+        if job_id in self._holding:
+            self._holding.discard(job_id)
+            self._agents.release()
 
     def _free_slot(self) -> None:
         self.job_counter -= 1
@@ -310,7 +367,7 @@ class LaneWorker(Worker):
     async def _wait_for_work(self, timeout_s: float) -> None:
         if timeout_s <= 0:
             return
-        if self.job_counter < self.max_jobs:
+        if self.job_counter < self._capacity:
             await wait_for_work(self.pool, self.lane, timeout_s)
             return
         self._slot_freed.clear()  # no await since the check: a job ending now sets it

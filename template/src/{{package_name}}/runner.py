@@ -288,7 +288,7 @@ async def run_admitted(
     # CONSUMER span joined to the submit's trace (observe/tracing.py, when on).
     with runtime.metrics.run(job, due_ms=ctx.get("score")) as observed, tracing.run_span(job):
         check = await patiently(lambda: check_before_running(runtime, run), run.log)
-        outcome = check or await call_agent(runtime, run, admission)
+        outcome = check or await call_agent(runtime, run, admission, ctx.get("take_slot"))
         free_slot(ctx)  # the agent is done: the lane may start its next job meanwhile
         # What the agent emitted is written before its outcome's event; a job that may now
         # hold more events than it keeps is trimmed once the outcome is written.
@@ -399,13 +399,23 @@ async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
     return None
 
 
-async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT) -> Outcome:
+async def call_agent(
+    runtime: Runtime,
+    run: Run,
+    admission: Admission = NO_LIMIT,
+    take_slot: Callable[[], Awaitable[None]] | None = None,
+) -> Outcome:
     """Run the agent under its timeout, or what is left of its run deadline when that is
-    sooner, while a heartbeat keeps the lease."""
+    sooner, while a heartbeat keeps the lease; a job claimed ahead first waits for an agent
+    slot (`take_slot`)."""
     job, agent, jlog = run.job, run.agent, run.log
     if agent is None:
         error = InvalidPayload(f"no agent named {job.agent!r} is installed in this worker")
         return within_deadline(job, decide(runtime.policy, job, error, ()))
+    if take_slot is not None:
+        stopped_waiting = await wait_for_slot(runtime, run, admission, take_slot)
+        if stopped_waiting is not None:
+            return stopped_waiting
     paid = PaidCalls(
         runtime.engine,
         job.id,
@@ -465,6 +475,26 @@ async def call_agent(runtime: Runtime, run: Run, admission: Admission = NO_LIMIT
         await heartbeat.stop()
         report_version_change(ctx, replay)
     return await settled(runtime, run, paid, outcome)
+
+
+async def wait_for_slot(
+    runtime: Runtime, run: Run, admission: Admission, take_slot: Callable[[], Awaitable[None]]
+) -> Outcome | None:
+    """Wait for an agent slot (lanes.LaneWorker.take_slot) while a heartbeat keeps the
+    lease; the outcome when an operator stopped the job meanwhile."""
+    heartbeat = Heartbeat(runtime, run.job, run.log, admission)
+    interrupt = runtime.running.enter(run.job.id)
+    try:
+        await take_slot()
+    except asyncio.CancelledError:
+        if not interrupt.stopped:
+            raise  # the worker is stopping: not ours to record
+        runtime.running.leave(interrupt)
+        return await patiently(lambda: stopped(runtime, run), run.log)
+    finally:
+        runtime.running.leave(interrupt)
+        await heartbeat.stop()
+    return None
 
 
 async def settled(runtime: Runtime, run: Run, paid: PaidCalls, outcome: Outcome) -> Outcome:
