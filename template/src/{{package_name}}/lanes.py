@@ -89,7 +89,6 @@ def worker_settings(runtime: Runtime, lane: str, *, burst: bool = False) -> dict
         "job_serializer": serialize,
         "job_deserializer": deserialize,
         "max_jobs": settings.max_jobs_of(lane),
-        "claim_ahead": settings.claim_ahead_of(lane),
         "poll_delay": settings.poll_delay_s,
         "keep_result": settings.keep_result_s,
         "max_tries": ARQ_MAX_TRIES,
@@ -455,7 +454,12 @@ class LaneSupervisor:
 
     def _new_worker(self) -> Worker:
         config = worker_settings(self.runtime, self.lane, burst=self.burst)
-        return LaneWorker(**config, lane=self.lane, on_startup=self._connected)
+        return LaneWorker(
+            **config,
+            lane=self.lane,
+            claim_ahead=self.runtime.settings.claim_ahead_of(self.lane),
+            on_startup=self._connected,
+        )
 
     async def _connected(self, ctx: dict[str, Any]) -> None:
         # arq's on_startup: Redis answered. After a fault, Redis may have lost jobs (a
