@@ -148,6 +148,8 @@ async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = F
         burst=burst,
         worker=runtime.worker_name,
         event_loop=type(loop).__module__.split(".")[0],  # "uvloop" or "asyncio"
+        max_jobs={lane: settings.max_jobs_of(lane) for lane in lanes},
+        claim_ahead={lane: settings.claim_ahead_of(lane) for lane in lanes},
     )
     tell_supervisor()
     try:
