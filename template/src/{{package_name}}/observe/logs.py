@@ -9,12 +9,16 @@ admin command gets when its stdout is a terminal and no format was asked for.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+import threading
 from collections.abc import MutableMapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
+from structlog.typing import EventDict
 
 Format = Literal["json", "console", "people"]
 # arq logs two lines per job (start, end) and one health line per minute, at info; the
@@ -26,13 +30,49 @@ Format = Literal["json", "console", "people"]
 QUIET_LOGGERS = ("arq", "httpx", "httpx2", "alembic")
 
 
+# structlog's method names, by level (a `debug` call below the configured level is dropped).
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
+
+
+@dataclass
+class _Output:
+    """What the last `configure` chose. Read per event, so a later `configure` (a command
+    run in-process, a test) also applies to the loggers already in use."""
+
+    level: int = logging.INFO
+    render: structlog.typing.Processor = field(default_factory=structlog.processors.JSONRenderer)
+
+
+_output = _Output()
+
+
 def configure(fmt: Format = "json", level: int = logging.INFO) -> None:
-    """Route structlog and the standard library (arq, alembic) to stderr in one format."""
+    """Route structlog and the standard library (arq, alembic) to stderr in one format.
+
+    The service's own events are rendered by structlog and written to stderr directly, a
+    third of the time they took through the standard library's logging; the standard
+    library's records (arq, alembic, the SDKs' HTTP clients) go through its handler, rendered
+    the same way. Tracebacks are written as text: `exception` in JSON, plain (no local
+    variables, which may hold secrets) in the console format.
+    """
     renderer: structlog.typing.Processor
+    tracebacks: list[structlog.typing.Processor] = [structlog.processors.format_exc_info]
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
     elif fmt == "console":
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
+        tracebacks = []  # the console renderer writes them itself
     else:
         renderer = for_people
     shared: list[structlog.typing.Processor] = [
@@ -41,26 +81,64 @@ def configure(fmt: Format = "json", level: int = logging.INFO) -> None:
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    chain = [*tracebacks, renderer]
+    _output.level, _output.render = level, functools.partial(_rendered, chain)
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[_below_level, *shared, _render],
+        logger_factory=_Stderr,
+        # Every level's method, `exception` included; the level is `_below_level`'s to check.
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         cache_logger_on_first_use=True,
     )
-    final: list[structlog.typing.Processor] = [
-        structlog.stdlib.ProcessorFormatter.remove_processors_meta
-    ]
-    if fmt == "people":
-        final.append(structlog.processors.format_exc_info)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=[*final, renderer])
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *chain],
+        )
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
+
+
+def _below_level(_logger: Any, method: str, event: EventDict) -> EventDict:
+    if LEVELS.get(method, logging.INFO) < _output.level:
+        raise structlog.DropEvent
+    return event
+
+
+def _render(logger: Any, method: str, event: EventDict) -> Any:
+    return _output.render(logger, method, event)
+
+
+def _rendered(
+    chain: list[structlog.typing.Processor], logger: Any, method: str, event: EventDict
+) -> Any:
+    value: Any = event
+    for processor in chain:
+        value = processor(logger, method, value)
+    return value
+
+
+class _Stderr:
+    """structlog's logger: each rendered event as one line on stderr (the one current at
+    the time, so a captured or replaced stderr gets it)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name  # what `add_logger_name` writes as "logger"
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            stream = sys.stderr
+            stream.write(message + "\n")
+            stream.flush()
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
 def for_people(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> str:
