@@ -58,7 +58,9 @@ COMPLETE_MOVE = ({JobState.ACTIVE}, JobState.COMPLETED)
 
 # The claim of `job_store.claim` for many jobs: count the attempt, open its row, close any
 # attempt row a vanished worker left open (the CTEs share one snapshot, so `lost` never sees
-# the row `opened` inserts), and record its `attempt_started` event (events.py).
+# the row `opened` inserts), and record its `attempt_started` event (events.py). The state
+# guards here and in COMPLETE_SQL are CASEs so that they go by the primary key: see
+# `models.in_states`.
 CLAIM_SQL = """
 WITH claimed AS (
     UPDATE jobs
@@ -66,8 +68,11 @@ WITH claimed AS (
         claimed_at = $3, updated_at = $3, lease_expires_at = $4, run_after = NULL,
         code_version = COALESCE(code_version, $5::jsonb ->> agent)
     WHERE id = ANY($1::text[])
-      AND ((state = 'queued' AND (run_after IS NULL OR run_after <= $3))
-           OR (state = 'active' AND lease_expires_at < $3 AND attempts < max_attempts))
+      AND CASE state
+          WHEN 'queued' THEN run_after IS NULL OR run_after <= $3
+          WHEN 'active' THEN lease_expires_at < $3 AND attempts < max_attempts
+          ELSE false
+      END
     RETURNING jobs.*
 ), lost AS (
     UPDATE attempts
@@ -97,8 +102,8 @@ WITH outcome AS (
     SET state = 'completed', result = outcome.result::json, event_seq = event_seq + 1,
         finished_at = $4, updated_at = $4, lease_expires_at = NULL
     FROM outcome
-    WHERE jobs.id = outcome.id AND jobs.attempts = outcome.attempt AND jobs.state = 'active'
-      AND jobs.parent_id IS NULL
+    WHERE jobs.id = outcome.id AND jobs.attempts = outcome.attempt
+      AND CASE jobs.state WHEN 'active' THEN jobs.parent_id IS NULL ELSE false END
     RETURNING jobs.id, jobs.attempts, jobs.event_seq
 ), closed AS (
     UPDATE attempts SET finished_at = $4, outcome = 'completed'
@@ -272,9 +277,17 @@ class Completion:
     result: dict[str, Any]
 
 
+# What these connections plan with. They run only the statements above, each keyed by its
+# jobs' ids (and attempts by job and number): a plan that reads a whole table is never the
+# right one for them, but the planner picks one whenever the tables' statistics are older
+# than their rows (a new service, a burst of jobs before autovacuum's next ANALYZE): with
+# 1,500 attempts rows it read them all for every claim.
+KEYED_PLANS = "enable_seqscan = off"
+
+
 class OwnConnections:
     """asyncpg connections of this process' own, one per name, opened when first used and
-    again after a failure; each statement commits on its own."""
+    again after a failure; each statement commits on its own, planned by KEYED_PLANS."""
 
     def __init__(self, database_url: str, *, pooling: str = "session") -> None:
         # Behind a transaction pooler (db.postgres_connect_args): no cached or named
@@ -298,9 +311,12 @@ class OwnConnections:
                 cache = {"statement_cache_size": 0} if self._in_transaction else {}
                 connection = await asyncpg.connect(self._dsn, timeout=10, **cache)
                 self._connections[name] = connection
+                if not self._in_transaction:
+                    await connection.execute(f"SET {KEYED_PLANS}")
             rows: Sequence[asyncpg.Record]
-            if self._in_transaction:
+            if self._in_transaction:  # a server connection is ours for one transaction only
                 async with connection.transaction():
+                    await connection.execute(f"SET LOCAL {KEYED_PLANS}")
                     rows = await connection.fetch(sql, *args)
             else:
                 rows = await connection.fetch(sql, *args)

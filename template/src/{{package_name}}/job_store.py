@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import budgets, events, queries, webhooks
 from .models import approvals as approvals_table
-from .models import attempts, job_events, jobs, webhook_deliveries
+from .models import attempts, in_states, job_events, jobs, webhook_deliveries
 from .models import budgets as budgets_table
 from .models import paid_calls as paid_calls_table
 from .models import replies as replies_table
@@ -387,7 +387,7 @@ async def request_cancel(
     attempt can no longer queue it again or park it waiting. False when it is not running."""
     stmt = (
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == JobState.ACTIVE.value)
+        .where(jobs.c.id == job_id, in_states(JobState.ACTIVE.value))
         .values(
             cancel_requested_at=func.coalesce(jobs.c.cancel_requested_at, now),
             cancel_children=True if children else jobs.c.cancel_children,
@@ -690,7 +690,7 @@ def _move(verb: str, job_id: str, now: datetime, **values: Any) -> Any:
         values["event_seq"] = jobs.c.event_seq + 1
     return (
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state.in_([s.value for s in sources(verb)]))
+        .where(jobs.c.id == job_id, in_states(*(s.value for s in sources(verb))))
         .values(state=target(verb).value, updated_at=now, **values)
     )
 

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, and_, case, func, literal, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .models import attempts, jobs, webhook_deliveries
+from .models import attempts, in_states, jobs, webhook_deliveries
 from .states import SETTLED, TERMINAL, JobState
 
 # `waiting_for` of a parent waiting for its children; an approval's is "approval:NAME".
@@ -156,7 +156,7 @@ async def asked_to_stop(conn: AsyncConnection, job_ids: Sequence[str]) -> list[s
     """The ids among `job_ids` of running jobs an operator asked to stop (cancels.py)."""
     stmt = select(jobs.c.id).where(
         jobs.c.id.in_(job_ids),
-        jobs.c.state == JobState.ACTIVE.value,
+        in_states(JobState.ACTIVE.value),
         jobs.c.cancel_requested_at.is_not(None),
     )
     return list((await conn.scalars(stmt)).all())
