@@ -277,23 +277,27 @@ class Completion:
     result: dict[str, Any]
 
 
-# What these connections plan with. They run only the statements above, each keyed by its
-# jobs' ids (and attempts by job and number): a plan that reads a whole table is never the
-# right one for them, but the planner picks one whenever the tables' statistics are older
-# than their rows (a new service, a burst of jobs before autovacuum's next ANALYZE): with
-# 1,500 attempts rows it read them all for every claim.
+# What the worker's own connections plan with. They run only the claims and completions
+# above, each keyed by its jobs' ids (and attempts by job and number): a plan that reads a
+# whole table is never the right one for them, but the planner picks one whenever the
+# tables' statistics are older than their rows (a new service, a burst of jobs before
+# autovacuum's next ANALYZE): with 1,500 attempts rows it read them all for every claim.
 KEYED_PLANS = "enable_seqscan = off"
 
 
 class OwnConnections:
     """asyncpg connections of this process' own, one per name, opened when first used and
-    again after a failure; each statement commits on its own, planned by KEYED_PLANS."""
+    again after a failure; each statement commits on its own, planned with `planner` (a
+    setting, as KEYED_PLANS) when given."""
 
-    def __init__(self, database_url: str, *, pooling: str = "session") -> None:
+    def __init__(
+        self, database_url: str, *, pooling: str = "session", planner: str | None = None
+    ) -> None:
         # Behind a transaction pooler (db.postgres_connect_args): no cached or named
         # statements, and each statement in a transaction, so it is prepared and run on one
         # server connection.
         self._in_transaction = pooling == "transaction"
+        self._planner = planner
         url = make_url(database_url).set(drivername="postgresql")
         self._dsn = url.render_as_string(hide_password=False)
         self._connections: dict[str, asyncpg.Connection] = {}
@@ -311,12 +315,13 @@ class OwnConnections:
                 cache = {"statement_cache_size": 0} if self._in_transaction else {}
                 connection = await asyncpg.connect(self._dsn, timeout=10, **cache)
                 self._connections[name] = connection
-                if not self._in_transaction:
-                    await connection.execute(f"SET {KEYED_PLANS}")
+                if self._planner and not self._in_transaction:
+                    await connection.execute(f"SET {self._planner}")
             rows: Sequence[asyncpg.Record]
             if self._in_transaction:  # a server connection is ours for one transaction only
                 async with connection.transaction():
-                    await connection.execute(f"SET LOCAL {KEYED_PLANS}")
+                    if self._planner:
+                        await connection.execute(f"SET LOCAL {self._planner}")
                     rows = await connection.fetch(sql, *args)
             else:
                 rows = await connection.fetch(sql, *args)
@@ -371,7 +376,7 @@ class PostgresBatchedWrites(BatchedWrites):
 
     def __init__(self, database_url: str, *, pooling: str = "session", **options: Any) -> None:
         super().__init__(**options)
-        self._db = OwnConnections(database_url, pooling=pooling)
+        self._db = OwnConnections(database_url, pooling=pooling, planner=KEYED_PLANS)
 
     async def close(self) -> None:
         self._db.close()
