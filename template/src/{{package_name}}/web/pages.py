@@ -343,6 +343,7 @@ async def jobs_page(
                 f"'since' must be a time like 2026-01-31T09:00 (got {filters['since']!r})"
             )
     found: list[queries.Job] = []
+    costs: dict[str, budgets.Cost] = {}
     if not errors:
         async with services.engine.connect() as conn:
             found = await queries.list_jobs(
@@ -354,6 +355,7 @@ async def jobs_page(
                 before=query.get("before") or None,
                 limit=PAGE_SIZE,
             )
+            costs = await budgets.costs(conn, [job.id for job in found])
     more = None
     if len(found) == PAGE_SIZE:
         more = "/jobs?" + urlencode(
@@ -365,6 +367,7 @@ async def jobs_page(
         principal=principal,
         session=session,
         jobs=found,
+        costs=costs,
         filters=filters,
         states=[s.value for s in JobState],
         agents=sorted(catalog.AGENTS),
@@ -392,6 +395,7 @@ async def job_page(
         timeline = await events.read_after(conn, job_id, start, limit=TIMELINE_ROWS)
         trimmed = await events.trimmed(conn, job_id)
         children = await queries.children_of(conn, job_id)
+        deliveries = await queries.job_deliveries(conn, job_id)
         # What a rerun from each recorded step reuses and would pay for, shown before its
         # button (an operator's; the steps are few).
         plans = (
@@ -413,6 +417,7 @@ async def job_page(
         attempts=attempts,
         calls=calls,
         cost=cost,
+        deliveries=deliveries,
         entries=entries,
         facts=job_facts.facts(job, attempts, entries),
         priority=queries.PRIORITY_NAMES.get(job.priority, str(job.priority)),
