@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
@@ -171,11 +172,15 @@ def progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns padded to their widest cell. On a terminal each line is cut to its width,
+    ending in "…" (the last column, a free text, is what goes); piped, every character."""
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    fit = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
     def line(cells: Sequence[str]) -> str:
         padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
-        return "  ".join(padded).rstrip()
+        text = "  ".join(padded).rstrip()
+        return text if fit is None or len(text) <= fit else text[: fit - 1] + "…"
 
     typer.echo(line(headers))
     typer.echo(line(["-" * w for w in widths]))
