@@ -124,8 +124,10 @@ class LaneWorker(Worker):
     arq sleeps `poll_delay` between reads of the queue. After a read that was not full, this
     worker waits instead for the first of: a ring of the lane's doorbell (every push rings:
     submit, replay, recovery), the lane's next deferred job coming due (a retry), or the poll
-    delay, which stays the fallback (a lost ring costs at most one poll). With every slot
-    busy it waits for a slot to free. After a full read it reads again at once.
+    delay, which stays the fallback (a lost ring costs at most one poll). With its slots
+    busy it waits for a slot to free; when its last start ran out of slots before the read's
+    jobs did, it reads again as soon as one is free (see `wait_after_read`). After a full
+    read it reads again at once.
 
     It starts the jobs of a read with one script call per batch of free slots (`Starter`:
     their in-progress keys, try counters and bodies) where arq spends five round trips per
@@ -156,6 +158,9 @@ class LaneWorker(Worker):
         self._agents = asyncio.Semaphore(self.max_jobs)  # with claim_ahead only
         self._holding: set[str] = set()  # jobs whose agent holds one of `_agents`
         self._read = 0
+        # Whether the last start ran out of free slots before the read's ids (so due jobs may
+        # be waiting for a slot); True until a start says otherwise.
+        self._left_behind = True
         self._rings: set[asyncio.Task[None]] = set()
         self._starter: Starter | None = None
         self._finisher: Finisher | None = None
@@ -217,9 +222,11 @@ class LaneWorker(Worker):
             self._starter = Starter(self.pool, self.lane, self.in_progress_timeout_s)
             self._finisher = Finisher(self.pool, self.lane, self.keep_result_s)
         # arq calls this only while it may pick jobs and has a free slot. One call either
-        # fills every free slot or looks at every id: nothing is left to retry.
+        # fills the slots free when it began or looks at every id; slots that free during
+        # its script call are filled by the next read (`wait_after_read`).
         ids = [job_id.decode() for job_id in job_ids]
-        _, started = await self._starter.start(ids, self._capacity - self.job_counter)
+        looked, started = await self._starter.start(ids, self._capacity - self.job_counter)
+        self._left_behind = looked < len(ids)
         for job in started:
             self.job_counter += 1
             task = self.loop.create_task(self._run(job, self._finisher))
@@ -354,6 +361,7 @@ class LaneWorker(Worker):
     async def _poll_iteration(self) -> None:
         started = time.monotonic()
         self._read = 0
+        self._left_behind = True  # until a start says otherwise (arq may not read at all)
         await super()._poll_iteration()
         if self._read < self.queue_read_limit and not await self._burst_over():
             await self._wait_for_work(self.wait_s - (time.monotonic() - started))
@@ -366,13 +374,44 @@ class LaneWorker(Worker):
     async def _wait_for_work(self, timeout_s: float) -> None:
         if timeout_s <= 0:
             return
-        if self.job_counter < self._capacity:
+        wait = wait_after_read(
+            left_behind=self._left_behind,
+            running=self.job_counter,
+            max_jobs=self.max_jobs,
+        )
+        if wait == "nothing":
+            return
+        if wait == "work":
             await wait_for_work(self.pool, self.lane, timeout_s)
             return
         self._slot_freed.clear()  # no await since the check: a job ending now sets it
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self._slot_freed.wait()  # a running job ended: a slot is free
+
+
+def wait_after_read(*, left_behind: bool, running: int, max_jobs: int) -> str:
+    """What a lane worker waits for after a read of its queue that was not full: "slot"
+    while `running` (jobs started and not yet released) keeps arq from reading (it reads
+    only below `max_jobs`), "nothing" (read again at once) when its last start ran out of
+    slots before the read's jobs and a slot has freed since, else "work" (the doorbell).
+
+    The last case was the only one before: a slot that freed while a start's script call
+    was out left the jobs behind it waiting for a ring that never came, a poll delay (0.5 s
+    at the defaults) on a queue with work and free slots.
+
+    >>> wait_after_read(left_behind=True, running=499, max_jobs=500)
+    'nothing'
+    >>> wait_after_read(left_behind=False, running=499, max_jobs=500)
+    'work'
+    >>> wait_after_read(left_behind=True, running=500, max_jobs=500)
+    'slot'
+    >>> wait_after_read(left_behind=False, running=600, max_jobs=500)  # claimed ahead
+    'slot'
+    """
+    if running >= max_jobs:
+        return "slot"
+    return "nothing" if left_behind else "work"
 
 
 class LaneSupervisor:
