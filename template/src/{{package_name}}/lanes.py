@@ -127,7 +127,7 @@ class LaneWorker(Worker):
     delay, which stays the fallback (a lost ring costs at most one poll). With its slots
     busy it waits for a slot to free; when its last start ran out of slots before the read's
     jobs did, it reads again as soon as one is free (see `wait_after_read`). After a full
-    read it reads again at once.
+    read it reads again at once, past that read when every job in it runs elsewhere.
 
     It starts the jobs of a read with one script call per batch of free slots (`Starter`:
     their in-progress keys, try counters and bodies) where arq spends five round trips per
@@ -225,8 +225,17 @@ class LaneWorker(Worker):
         # fills the slots free when it began or looks at every id; slots that free during
         # its script call are filled by the next read (`wait_after_read`).
         ids = [job_id.decode() for job_id in job_ids]
-        looked, started = await self._starter.start(ids, self._capacity - self.job_counter)
+        free = self._capacity - self.job_counter
+        looked, started = await self._starter.start(ids, free)
         self._left_behind = looked < len(ids)
+        # A running job keeps its place in the queue until it ends, so with more workers on
+        # the lane than a read holds, a full read may be all jobs that others run: the next
+        # read looks past it (arq's offset), any other read starts from the front again.
+        full = len(ids) >= self.queue_read_limit
+        if full and looked == len(ids) and len(started) < free:
+            self._queue_read_offset += len(ids)
+        else:
+            self._queue_read_offset = 0
         for job in started:
             self.job_counter += 1
             task = self.loop.create_task(self._run(job, self._finisher))
