@@ -21,6 +21,7 @@ at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -43,6 +44,13 @@ from .states import JobState
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# How long closing waits for the batches already handed in to be written. A job cancelled
+# while its claim or completion is being written (a worker stopped) leaves that statement
+# going; it ends before the connections close, never cut off halfway. One still going after
+# this (a database that hangs) is cancelled: its job's lease runs out and recovery takes it,
+# as after a crash.
+CLOSE_GRACE_S = 10.0
 
 
 class DatabaseUnavailable(Exception):
@@ -183,6 +191,18 @@ class Batcher(Generic[T, R]):
         while (drain := self._drain) is not None:
             await asyncio.wait([drain])
 
+    async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Wait up to `grace_s` for what was handed in to be written (`idle`), then cancel
+        the write still going, if any; its waiters are cancelled."""
+        try:
+            await asyncio.wait_for(self.idle(), grace_s)
+        except TimeoutError:
+            drain = self._drain
+            if drain is not None:
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await drain
+
     async def _write_now(self) -> None:
         """Write what waits (the caller's item) in the caller's turn; what arrives meanwhile
         waits for it, then goes in the next batch."""
@@ -250,7 +270,14 @@ class BatchedWrites:
         return await self._completions.submit(Completion(job_id, attempt, result))
 
     async def close(self) -> None:
-        """Release what the writes hold (connections)."""
+        """Write the claims and completions already handed in (`Batcher.close`), then
+        release what the writes hold (connections)."""
+        await self._claims.close()
+        await self._completions.close()
+        await self._release()
+
+    async def _release(self) -> None:
+        """Close the connections the writes use (no write is going when it is called)."""
 
     async def _claim_batch(self, job_ids: list[str]) -> list[Job | None]:
         # A job id delivered twice in one batch is claimed once: the first caller runs it.
@@ -301,14 +328,24 @@ class OwnConnections:
         url = make_url(database_url).set(drivername="postgresql")
         self._dsn = url.render_as_string(hide_password=False)
         self._connections: dict[str, asyncpg.Connection] = {}
+        self._closed = False
 
     def close(self) -> None:
+        """Close every connection; a `fetch` after it raises DatabaseUnavailable."""
+        self._closed = True
         connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
             connection.terminate()
 
     async def fetch(self, name: str, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
-        """Run `sql` on the connection `name`; DatabaseUnavailable when it cannot be run."""
+        """Run `sql` on the connection `name`; DatabaseUnavailable when it cannot be run.
+
+        Cancelled while the statement runs, the connection is closed at once: asyncpg would
+        send the server a cancel request from a task of its own, and a connection left
+        waiting on it, with that task, outlives whoever closes the event loop next.
+        """
+        if self._closed:
+            raise DatabaseUnavailable("the connections are closed")
         try:
             connection = self._connections.get(name)
             if connection is None or connection.is_closed():
@@ -326,11 +363,17 @@ class OwnConnections:
             else:
                 rows = await connection.fetch(sql, *args)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            dropped = self._connections.pop(name, None)
-            if dropped is not None:
-                dropped.terminate()
+            self._drop(name)
             raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except asyncio.CancelledError:
+            self._drop(name)
+            raise
         return rows
+
+    def _drop(self, name: str) -> None:
+        dropped = self._connections.pop(name, None)
+        if dropped is not None:
+            dropped.terminate()
 
 
 class PostgresInserts:
@@ -350,7 +393,9 @@ class PostgresInserts:
         statement could not run."""
         return await self._rows.submit((job_id, job, now))
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Write the rows already handed in, then close the connection."""
+        await self._rows.close()
         self._db.close()
 
     async def _insert_batch(self, rows: list[tuple[str, NewJob, datetime]]) -> list[bool]:
@@ -378,7 +423,7 @@ class PostgresBatchedWrites(BatchedWrites):
         super().__init__(**options)
         self._db = OwnConnections(database_url, pooling=pooling, planner=KEYED_PLANS)
 
-    async def close(self) -> None:
+    async def _release(self) -> None:
         self._db.close()
 
     async def claim_all(self, job_ids: list[str], now: datetime) -> dict[str, Job]:
@@ -413,7 +458,7 @@ class SqliteBatchedWrites(BatchedWrites):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-batches")
         self._db: sqlite3.Connection | None = None  # used only on self._thread
 
-    async def close(self) -> None:
+    async def _release(self) -> None:
         await self._run(self._close)
         self._thread.shutdown(wait=False)
 

@@ -23,6 +23,7 @@ event before it (what `Last-Event-ID` needs: web/api.py, `jobs watch`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
@@ -373,9 +374,14 @@ class EventBuffer:
             await trim(conn, job_id, keep=self.keep, now=datetime.now(UTC))
 
     async def close(self) -> None:
-        """Write what is pending and stop."""
-        if self._flusher is not None:
-            self._flusher.cancel()
+        """Write what is pending and stop. The periodic flush is stopped between writes,
+        never in one: cut off, its events were lost and its statement left running."""
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            async with self._lock:  # a write holds the lock: the flusher sleeps or waits
+                flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
         await self.flush()
 
     async def _flush_soon(self) -> None:

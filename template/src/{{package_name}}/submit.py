@@ -294,7 +294,7 @@ class Submitter:
             await self._queue.close()
             self._queue = None
         if self._inserts is not None:
-            self._inserts.close()
+            await self._inserts.close()
         await self.engine.dispose()
 
 
