@@ -249,6 +249,10 @@ class LaneWorker(Worker):
         would (the lane's supervisor builds another)."""
         ending = await self._call(job, finisher.keeps_results)
         await asyncio.shield(finisher.finish(ending))
+        if self.burst and self.job_counter == 0:
+            # The lane's last job is out of the queue now; this worker waits on the doorbell
+            # (jobs in the queue are not "empty"): ring it, or a burst ends a poll delay late.
+            await ring(self.pool, [self.lane])
 
     async def _call(self, job: Started, keep_result: bool) -> Ending:
         """Run one started job's function as arq's `run_job` does, with its outcomes and
