@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from ..money import usd
 from ..states import JobState
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, short_time, table, with_conn
@@ -73,7 +74,7 @@ def approvals_approve(
     except BudgetRefused as exc:
         fail(str(exc))
     state = _decide(job_id, approved=True, by=approved_by, reason=reason, raise_micros=raise_micros)
-    raised = f", ${raise_budget_usd} more to spend" if raise_budget_usd else ""
+    raised = f", {usd(raise_budget_usd)} more to spend" if raise_budget_usd else ""
     typer.echo(f"job {job_id} approved by {approved_by}{raised}; it is now {state.value}")
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..money import usd
 from ..states import PARKED, JobState
 from .app import app
 from .support import (
@@ -135,10 +136,9 @@ def dlq_show(job_id: str, as_json: JsonFlag = False) -> None:
         if a.traceback:
             typer.echo("  " + a.traceback.rstrip().replace("\n", "\n  "))
     for c in calls:
-        cost = "" if c.cost_usd is None else f", cost ${c.cost_usd}"
-        typer.echo(
-            f"\npaid call {c.name} (attempt {c.attempt}): {c.state}, max ${c.max_cost_usd}{cost}"
-        )
+        cost = "" if c.cost_usd is None else f", cost {usd(c.cost_usd)}"
+        call = f"paid call {c.name} (attempt {c.attempt})"
+        typer.echo(f"\n{call}: {c.state}, max {usd(c.max_cost_usd)}{cost}")
     for e in entries:
         typer.echo(f"\naudit {short_time(e.at)} {e.actor} {e.action} {json.dumps(e.details)}")
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..money import usd
 from ..states import PARKED, TERMINAL
 from .app import app
 from .support import (
@@ -248,8 +249,8 @@ def jobs_show(job_id: str, as_json: JsonFlag = False) -> None:
                     c.name,
                     str(c.attempt),
                     c.state,
-                    f"${c.max_cost_usd}",
-                    "" if c.cost_usd is None else f"${c.cost_usd}",
+                    usd(c.max_cost_usd),
+                    "" if c.cost_usd is None else usd(c.cost_usd),
                 ]
                 for c in view.calls
             ],
@@ -262,21 +263,21 @@ def cost_lines(cost: dict[str, Any]) -> list[str]:
     """`jobs show`'s money: the job's own spend, the budget that covers it, its tree's.
 
     >>> cost_lines({"spent_usd": "0.1", "reserved_usd": "0", "budget": None, "tree": None})
-    ['             cost  $0.1 spent, $0 reserved']
+    ['             cost  $0.10 spent, $0.00 reserved']
     """
-    lines = [f"{'cost':>17}  ${cost['spent_usd']} spent, ${cost['reserved_usd']} reserved"]
+    lines = [f"{'cost':>17}  {usd(cost['spent_usd'])} spent, {usd(cost['reserved_usd'])} reserved"]
     budget = cost["budget"]
     if budget is not None:
         lines.append(
-            f"{'budget':>17}  ${budget['budget_usd']} (job {budget['job_id']}): "
-            f"${budget['spent_usd']} spent, ${budget['reserved_usd']} reserved, "
-            f"${budget['remaining_usd']} left"
+            f"{'budget':>17}  {usd(budget['budget_usd'])} (job {budget['job_id']}): "
+            f"{usd(budget['spent_usd'])} spent, {usd(budget['reserved_usd'])} reserved, "
+            f"{usd(budget['remaining_usd'])} left"
         )
     tree = cost["tree"]
     if tree is not None:
-        shares = ", ".join(f"{share['job_id']} ${share['spent_usd']}" for share in tree["jobs"])
+        shares = ", ".join(f"{share['job_id']} {usd(share['spent_usd'])}" for share in tree["jobs"])
         lines.append(
-            f"{'tree':>17}  ${tree['spent_usd']} spent, ${tree['reserved_usd']} reserved "
+            f"{'tree':>17}  {usd(tree['spent_usd'])} spent, {usd(tree['reserved_usd'])} reserved "
             f"over {len(tree['jobs'])} jobs ({shares})"
         )
     return lines
@@ -386,8 +387,8 @@ def jobs_list(
 
 def _cost_cell(cost: budgets.Cost) -> str:
     """A job's spend for `jobs list`, with what it holds reserved when it holds any."""
-    held = f" (+${cost.reserved_usd} reserved)" if cost.reserved_usd else ""
-    return f"${cost.spent_usd}{held}"
+    held = f" (+{usd(cost.reserved_usd)} reserved)" if cost.reserved_usd else ""
+    return f"{usd(cost.spent_usd)}{held}"
 
 
 def _why_waiting(job: queries.Job, now: datetime) -> str:
@@ -551,13 +552,13 @@ def _print_rerun_plan(plan: reruns.RerunPlan) -> None:
             [
                 [
                     c.name,
-                    f"${c.reserved_usd}",
-                    "unknown" if c.cost_usd is None else f"${c.cost_usd}",
+                    usd(c.reserved_usd),
+                    "unknown" if c.cost_usd is None else usd(c.cost_usd),
                 ]
                 for c in plan.calls_again
             ],
         )
-    typer.echo(f"reserves up to ${plan.reserved_usd} before those calls")
+    typer.echo(f"reserves up to {usd(plan.reserved_usd)} before those calls")
     if plan.children_again:
         typer.echo(f"its {plan.children_again} child job(s) are spawned again when it reaches them")
     if plan.needs_approval:

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from .. import money
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
 
@@ -63,7 +64,8 @@ def caps_set(
         old, new = run(go(), settings)
     except spend.CapChangeRefused as exc:
         fail(str(exc))
-    typer.echo(f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}")
+    was = "none" if old is None else money.usd(old)
+    typer.echo(f"daily cap of {agent}: {was} -> {money.usd(new)}")
 
 
 @spend_app.command("show")
@@ -103,10 +105,14 @@ def _show_caps(when: date, as_json: bool) -> None:
             [
                 spend.cap_label(c.agent),
                 when.isoformat(),
-                f"${c.cap_usd}",
-                f"${c.reserved_usd}",
-                f"${c.spent_usd}",
-                f"over by ${c.over_by_usd}" if c.over_by_usd else f"${c.remaining_usd}",
+                money.usd(c.cap_usd),
+                money.usd(c.reserved_usd),
+                money.usd(c.spent_usd),
+                (
+                    f"over by {money.usd(c.over_by_usd)}"
+                    if c.over_by_usd
+                    else money.usd(c.remaining_usd)
+                ),
             ]
             for c in caps
         ],

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..money import usd
 from .app import app
 from .support import JsonFlag, fail, load_settings, run, table
 
@@ -111,7 +112,7 @@ def stats(as_json: JsonFlag = False) -> None:
     table(
         ["agent", "cap", "spent today", "reserved"],
         [
-            [c["agent"], f"${c['cap_usd']}", f"${c['spent_usd']}", f"${c['reserved_usd']}"]
+            [c["agent"], usd(c["cap_usd"]), usd(c["spent_usd"]), usd(c["reserved_usd"])]
             for c in out["spend_today"]
         ],
     )

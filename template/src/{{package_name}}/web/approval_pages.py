@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import actions, approvals, budgets
 from ..budget_asks import BUDGET
+from ..money import usd
 from ..tokens import Principal, Role
 from .auth import Session
 from .inputs import InputError, blank
@@ -58,7 +59,7 @@ async def decide(
     except approvals.ApprovalError as exc:
         return await _shown(request, services, principal, session, 409, str(exc))
     verb = "approved" if approved else "rejected"
-    raised = f" with ${form.get('raise_budget_usd')} more to spend" if raise_micros else ""
+    raised = f" with {usd(str(form.get('raise_budget_usd')))} more to spend" if raise_micros else ""
     return redirect_back("/approvals", f"job {job_id} {verb}{raised}; it is now {state.value}")
 
 

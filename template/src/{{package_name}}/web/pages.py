@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from .. import (
     spend,
 )
 from ..models import GLOBAL
+from ..money import usd
 from ..observe import stats
 from ..queue import JobQueue, QueueUnavailable
 from ..states import PARKED, TERMINAL, JobState
@@ -50,16 +50,6 @@ TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
-
-
-def usd(value: Decimal) -> str:
-    """Dollars as text with at least two decimals, never in exponent form.
-
-    >>> usd(Decimal("6E+1")), usd(Decimal("0.125")), usd(Decimal(0))
-    ('$60.00', '$0.125', '$0.00')
-    """
-    whole, _, cents = format(value, "f").partition(".")
-    return f"${whole}.{cents.ljust(2, '0')}"
 
 
 def as_json(value: Any, indent: int | None = None) -> str:
@@ -668,7 +658,7 @@ async def set_cap(
         reason=str(form.get("reason") or "").strip() or None,
     )
     return redirect_back(
-        "/caps", f"daily cap of {agent}: {'none' if old is None else f'${old}'} -> ${new}"
+        "/caps", f"daily cap of {agent}: {'none' if old is None else usd(old)} -> {usd(new)}"
     )
 
 
