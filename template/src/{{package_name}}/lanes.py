@@ -164,6 +164,10 @@ class LaneWorker(Worker):
         self._rings: set[asyncio.Task[None]] = set()
         self._starter: Starter | None = None
         self._finisher: Finisher | None = None
+        # Burst mode: in `wait_for_work` (the last job's end rings it), or the last job
+        # ended since the read began (no wait: the next read finds the queue empty).
+        self._on_doorbell = False
+        self._last_ended = False
         self._slot_freed = asyncio.Event()
         self._released: set[str] = set()  # jobs whose slot freed before their task ended
         self.ctx["ring_when_due"] = self.ring_when_due
@@ -250,9 +254,13 @@ class LaneWorker(Worker):
         ending = await self._call(job, finisher.keeps_results)
         await asyncio.shield(finisher.finish(ending))
         if self.burst and self.job_counter == 0:
-            # The lane's last job is out of the queue now; this worker waits on the doorbell
-            # (jobs in the queue are not "empty"): ring it, or a burst ends a poll delay late.
-            await ring(self.pool, [self.lane])
+            # The lane's last job is out of the queue now. Running jobs kept the queue from
+            # being empty, so the worker may wait for work: ring it if it waits (a poll
+            # delay late otherwise), and tell its next look not to.
+            if self._on_doorbell:
+                await ring(self.pool, [self.lane])
+            else:
+                self._last_ended = True
 
     async def _call(self, job: Started, keep_result: bool) -> Ending:
         """Run one started job's function as arq's `run_job` does, with its outcomes and
@@ -375,8 +383,13 @@ class LaneWorker(Worker):
         started = time.monotonic()
         self._read = 0
         self._left_behind = True  # until a start says otherwise (arq may not read at all)
+        self._last_ended = False
         await super()._poll_iteration()
-        if self._read < self.queue_read_limit and not await self._burst_over():
+        if (
+            self._read < self.queue_read_limit
+            and not await self._burst_over()
+            and not self._last_ended
+        ):
             await self._wait_for_work(self.wait_s - (time.monotonic() - started))
 
     async def _burst_over(self) -> bool:
@@ -395,7 +408,11 @@ class LaneWorker(Worker):
         if wait == "nothing":
             return
         if wait == "work":
-            await wait_for_work(self.pool, self.lane, timeout_s)
+            self._on_doorbell = True
+            try:
+                await wait_for_work(self.pool, self.lane, timeout_s)
+            finally:
+                self._on_doorbell = False
             return
         self._slot_freed.clear()  # no await since the check: a job ending now sets it
         with contextlib.suppress(TimeoutError):
