@@ -8,6 +8,7 @@ unexpected error is one line and exit code 1 too, with the traceback only under 
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
@@ -22,6 +23,11 @@ _GROUPS = (approvals, audit, db, dlq, jobs, run, schedules, spend, status, token
 
 def main() -> None:
     """Console-script entry point."""
+    # No garbage collection while the command loads its modules: the collector would walk
+    # the growing heap of classes and functions again and again (about a third of an empty
+    # `worker --burst`, docs/SCALING.md) and find nearly nothing. `support.loaded` turns it
+    # back on once the command's work starts; a command that never gets there is short.
+    gc.disable()
     try:
         app()
     except Exception as exc:

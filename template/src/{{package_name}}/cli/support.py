@@ -8,6 +8,7 @@ a service that cannot be reached is one line and exit code 1. Never a traceback.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import shutil
 import sys
@@ -83,6 +84,7 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
     except SettingsError as exc:
         coro.close()  # never started (no "never awaited" warning)
         fail(str(exc))
+    loaded()
     try:
         return runner(coro)
     except (
@@ -114,6 +116,16 @@ def error_of(module: str, name: str) -> tuple[Any, ...]:
     and catching it must not load its stack (redis-py for `jobs list`, say)."""
     loaded = sys.modules.get(_PACKAGE + module if module.startswith(".") else module)
     return () if loaded is None else (getattr(loaded, name),)
+
+
+def loaded() -> None:
+    """The command has loaded what it runs on: turn the garbage collector back on if `main`
+    turned it off, with what loading made set aside (`gc.freeze`), so that no collection
+    walks those long-lived objects again. Where the collector is on (tests running commands
+    in-process), this leaves it alone."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, T]], T]:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .app import app
-from .support import fail, load_settings
+from .support import fail, load_settings, loaded
 
 
 @app.command()
@@ -45,6 +45,7 @@ def web(
             err=True,
         )
     typer.echo(f"serving the API and the console on http://{host}:{port}/", err=True)
+    loaded()
     uvicorn.run(
         create_app(settings, secret),
         host=host,
