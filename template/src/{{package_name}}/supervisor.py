@@ -45,6 +45,7 @@ from .db import create_engine
 from .observe.http_server import ProbeServer
 from .observe.metrics import MULTIPROCESS_ENV, ServiceGauges, started_marker
 from .queue import JobQueue
+from .schema import check_schema
 from .settings import ENV_PREFIX, Settings
 
 log = structlog.get_logger("supervisor")
@@ -140,10 +141,15 @@ class Supervisor:
     async def run(self) -> int:
         """Run the children until a signal drains them (or, burst, until they all end); the
         exit code: 0 when every child's last exit was clean."""
+        engine = create_engine(self.settings)
+        try:  # one line here, rather than one from each child
+            await check_schema(engine, self.settings.database_url)
+        except BaseException:
+            await engine.dispose()
+            raise
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._drain, signum)
-        engine = create_engine(self.settings)
         queue = await JobQueue.connect(self.settings)
         server = None if self.burst or self.settings.http_port == 0 else self._server(engine, queue)
         try:

@@ -40,6 +40,7 @@ from .queue import JobQueue
 from .recovery import reconcile
 from .retry import RetryPolicy
 from .runner import Runtime
+from .schema import check_schema
 from .settings import Settings
 from .webhooks import Deliverer
 
@@ -109,16 +110,27 @@ async def close_runtime(runtime: Runtime) -> None:
     await runtime.engine.dispose()
 
 
+async def _open_for(settings: Settings, lanes: list[str]) -> Runtime:
+    """The runtime for `lanes`; ValueError for a lane no agent runs in, SchemaBehind for a
+    database nobody upgraded."""
+    runtime = await open_runtime(settings)
+    unknown = sorted(set(lanes) - set(runtime.lane_timeouts))
+    try:
+        if unknown:
+            raise ValueError(
+                f"unknown lane {unknown[0]!r}; lanes: {', '.join(sorted(runtime.lane_timeouts))}"
+            )
+        await check_schema(runtime.engine, settings.database_url)
+    except BaseException:
+        await close_runtime(runtime)
+        raise
+    return runtime
+
+
 async def run_lanes(settings: Settings, lanes: Iterable[str], *, burst: bool = False) -> None:
     """Run the given lanes until stopped (or, with `burst`, until their queues are empty)."""
-    runtime = await open_runtime(settings)
     lanes = list(lanes)
-    unknown = sorted(set(lanes) - set(runtime.lane_timeouts))
-    if unknown:
-        await close_runtime(runtime)
-        raise ValueError(
-            f"unknown lane {unknown[0]!r}; lanes: {', '.join(sorted(runtime.lane_timeouts))}"
-        )
+    runtime = await _open_for(settings, lanes)
     stopping, reconnected = asyncio.Event(), asyncio.Event()
     supervisors = [
         LaneSupervisor(runtime, lane, burst=burst, stopping=stopping, reconnected=reconnected)

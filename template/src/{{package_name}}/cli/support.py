@@ -103,11 +103,37 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
         OSError,
         *error_of("redis.exceptions", "RedisError"),
     ) as exc:
+        if isinstance(exc, error_of("sqlalchemy.exc", "DBAPIError")):
+            problem = schema_problem(settings)  # a missing table reads as out of reach
+            if problem is not None:
+                fail(problem)
         fail(
             f"cannot reach the database or Redis ({redact_url(settings.database_url)}): "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             code=1,
         )
+
+
+def schema_problem(settings: Settings) -> str | None:
+    """What the database lacks of the schema this code needs (schema.check_schema), or None
+    when it lacks nothing or cannot be reached."""
+    from ..db import create_engine
+    from ..schema import SchemaBehind, check_schema
+
+    async def check() -> str | None:
+        engine = create_engine(settings)
+        try:
+            await check_schema(engine, settings.database_url)
+        except SchemaBehind as exc:
+            return str(exc)
+        finally:
+            await engine.dispose()
+        return None
+
+    try:
+        return asyncio.run(check())
+    except Exception:  # noqa: BLE001 - out of reach: the caller says so in its own words
+        return None
 
 
 def error_of(module: str, name: str) -> tuple[Any, ...]:

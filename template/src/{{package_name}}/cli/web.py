@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .app import app
-from .support import fail, load_settings, loaded
+from .support import fail, load_settings, loaded, schema_problem
 
 
 @app.command()
@@ -34,6 +34,9 @@ def web(
     from ..web.app import SECRET_VAR, WebSettings, create_app, web_secret
 
     settings = load_settings()
+    problem = schema_problem(settings)
+    if problem is not None:
+        fail(problem)
     try:
         secret, made_up = web_secret(settings, WebSettings())
     except (SettingsError, ValidationError) as exc:
