@@ -45,7 +45,7 @@ from .db import create_engine
 from .observe.http_server import ProbeServer
 from .observe.metrics import MULTIPROCESS_ENV, ServiceGauges, started_marker
 from .queue import JobQueue
-from .schema import check_schema
+from .schema import check_schema_at_start
 from .settings import ENV_PREFIX, Settings
 
 log = structlog.get_logger("supervisor")
@@ -143,7 +143,7 @@ class Supervisor:
         exit code: 0 when every child's last exit was clean."""
         engine = create_engine(self.settings)
         try:  # one line here, rather than one from each child
-            await check_schema(engine, self.settings.database_url)
+            await check_schema_at_start(engine, self.settings.database_url)
         except BaseException:
             await engine.dispose()
             raise

@@ -40,7 +40,7 @@ from .queue import JobQueue
 from .recovery import reconcile
 from .retry import RetryPolicy
 from .runner import Runtime
-from .schema import check_schema
+from .schema import check_schema_at_start
 from .settings import Settings
 from .webhooks import Deliverer
 
@@ -120,7 +120,7 @@ async def _open_for(settings: Settings, lanes: list[str]) -> Runtime:
             raise ValueError(
                 f"unknown lane {unknown[0]!r}; lanes: {', '.join(sorted(runtime.lane_timeouts))}"
             )
-        await check_schema(runtime.engine, settings.database_url)
+        await check_schema_at_start(runtime.engine, settings.database_url)
     except BaseException:
         await close_runtime(runtime)
         raise
