@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from . import audit
 from .db import transaction
 from .models import GLOBAL, spend_caps, spend_days
+from .money import usd
 
 MICROS = Decimal(1_000_000)
 MICRO_USD = Decimal("0.000001")
@@ -142,6 +143,15 @@ def cap_label(agent: str) -> str:
     ('draft', 'all agents (global)')
     """
     return "all agents (global)" if agent == GLOBAL else agent
+
+
+def cap_changed(agent: str, old: Decimal | None, new: Decimal) -> str:
+    """What `set_cap` did, as the console and the CLI tell it.
+
+    >>> cap_changed("draft", None, Decimal("25")), cap_changed(GLOBAL, Decimal("5"), Decimal("0.5"))
+    ('daily cap of draft: none -> $25.00', 'daily cap of *: $5.00 -> $0.50')
+    """
+    return f"daily cap of {agent}: {'none' if old is None else usd(old)} -> {usd(new)}"
 
 
 def utc_day(now: datetime) -> date:

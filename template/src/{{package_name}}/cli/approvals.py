@@ -65,6 +65,7 @@ def approvals_approve(
     ] = None,
 ) -> None:
     """Approve what a waiting job asked for: it is queued again and goes on."""
+    from .. import spend
     from ..budgets import BudgetRefused, parse_budget
 
     if not approved_by:
@@ -74,7 +75,7 @@ def approvals_approve(
     except BudgetRefused as exc:
         fail(str(exc))
     state = _decide(job_id, approved=True, by=approved_by, reason=reason, raise_micros=raise_micros)
-    raised = f", {usd(raise_budget_usd)} more to spend" if raise_budget_usd else ""
+    raised = f", {usd(spend.to_usd(raise_micros))} more to spend" if raise_micros else ""
     typer.echo(f"job {job_id} approved by {approved_by}{raised}; it is now {state.value}")
 
 

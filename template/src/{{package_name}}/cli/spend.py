@@ -64,8 +64,7 @@ def caps_set(
         old, new = run(go(), settings)
     except spend.CapChangeRefused as exc:
         fail(str(exc))
-    was = "none" if old is None else money.usd(old)
-    typer.echo(f"daily cap of {agent}: {was} -> {money.usd(new)}")
+    typer.echo(spend.cap_changed(agent, old, new))
 
 
 @spend_app.command("show")

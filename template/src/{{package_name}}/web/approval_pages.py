@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from .. import actions, approvals, budgets
+from .. import actions, approvals, budgets, spend
 from ..budget_asks import BUDGET
 from ..money import usd
 from ..tokens import Principal, Role
@@ -59,7 +59,7 @@ async def decide(
     except approvals.ApprovalError as exc:
         return await _shown(request, services, principal, session, 409, str(exc))
     verb = "approved" if approved else "rejected"
-    raised = f" with {usd(str(form.get('raise_budget_usd')))} more to spend" if raise_micros else ""
+    raised = f" with {usd(spend.to_usd(raise_micros))} more to spend" if raise_micros else ""
     return redirect_back("/approvals", f"job {job_id} {verb}{raised}; it is now {state.value}")
 
 

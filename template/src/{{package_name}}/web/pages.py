@@ -657,9 +657,7 @@ async def set_cap(
         approved_by=principal.name,
         reason=str(form.get("reason") or "").strip() or None,
     )
-    return redirect_back(
-        "/caps", f"daily cap of {agent}: {'none' if old is None else usd(old)} -> {usd(new)}"
-    )
+    return redirect_back("/caps", spend.cap_changed(agent, old, new))
 
 
 @page(Role.VIEWER)
