@@ -31,12 +31,14 @@ retries off (`max_retries=0`): retries happen at the job level, where they are r
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from sqlalchemy import func, insert, select, update
@@ -48,6 +50,7 @@ from .errors import RateLimited
 from .models import jobs, paid_calls
 
 log = structlog.get_logger("paid_calls")
+T = TypeVar("T")
 
 
 class NotCharged(Exception):
@@ -60,6 +63,10 @@ class PaidCallInDoubt(BaseException):
     A BaseException, so an agent's `except Exception` cannot swallow it by accident.
     """
 
+
+# How long a call's record write that a cancel reached (the attempt's timeout, an operator's
+# stop, a worker stopping) may go on before it is abandoned, leaving the call `open`.
+RECORD_GRACE_S = 10.0
 
 # An upstream's 429 (RateLimited) is refused before billing too.
 NOT_CHARGED: tuple[type[BaseException], ...] = (NotCharged, ConnectionRefusedError, RateLimited)
@@ -150,17 +157,17 @@ class PaidCalls:
             result = await fn()
         except BaseException as exc:
             if not charged(exc):
-                await self._forget(name, max_micros, day, time.monotonic() - started)
+                await finish(self._forget(name, max_micros, day, time.monotonic() - started))
                 self.observe(self.agent, "not_charged")
                 raise
-            await self._park(name)
+            await finish(self._park(name))
             self.observe(self.agent, "in_doubt")
             raise PaidCallInDoubt(
                 f"paid call {name!r} failed with {type(exc).__name__} after it was sent; "
                 "the provider may have charged it"
             ) from exc
         facts = {"duration_s": round(time.monotonic() - started, 3), **call_facts(result)}
-        await self._keep(name, result, cost_usd, max_micros, day, facts)
+        await finish(self._keep(name, result, cost_usd, max_micros, day, facts))
         return result
 
     async def _keep(
@@ -247,11 +254,12 @@ class PaidCalls:
     async def _open(self, conn: AsyncConnection, name: str, max_micros: int, day: date) -> None:
         """Reserve `max_micros` under the job's budgets and the caps and record the call as
         open, in `conn`'s transaction (a refused reservation raises SpendDenied and writes
-        nothing). Budgets before caps, in every transaction: one lock order, no deadlock."""
+        nothing). The job's own rows are written first and the shared budget and cap rows
+        last, so their locks are held only for the reservation and the commit: every
+        concurrent call of the agent waits on them. Budgets before caps, in every
+        transaction: one lock order, no deadlock."""
         if self.max_paid_calls is not None:
             await self._check_count(conn, name, self.max_paid_calls)
-        await budgets.reserve(conn, self.job_id, self.budget_id, max_micros)
-        await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
         await conn.execute(
             insert(paid_calls).values(
                 job_id=self.job_id,
@@ -271,6 +279,8 @@ class PaidCalls:
             [events.New("paid_call_opened", opened, self.attempt)],
             now=datetime.now(UTC),
         )
+        await budgets.reserve(conn, self.job_id, self.budget_id, max_micros)
+        await spend.reserve(conn, agent=self.agent, max_micros=max_micros, day=day)
 
     async def _check_count(self, conn: AsyncConnection, name: str, most: int) -> None:
         """Refuse the call past `most` (the agent's `max_paid_calls`) for this job. Every call
@@ -320,14 +330,15 @@ class PaidCalls:
             )
             if closed.rowcount == 0:
                 return False
+            settled = {"name": name, "state": "closed", "cost_usd": str(spend.to_usd(cost_micros))}
+            await self._event(conn, {**settled, **facts})
+            # The shared rows last, as in _open.
             await budgets.settle(
                 conn, self.budget_id, reserved_micros=max_micros, cost_micros=cost_micros
             )
             await spend.settle(
                 conn, agent=self.agent, day=day, reserved_micros=max_micros, cost_micros=cost_micros
             )
-            settled = {"name": name, "state": "closed", "cost_usd": str(spend.to_usd(cost_micros))}
-            await self._event(conn, {**settled, **facts})
         self.unsettled.discard(name)
         return True
 
@@ -350,16 +361,42 @@ class PaidCalls:
             )
             if forgotten.rowcount == 0:
                 return
-            await budgets.settle(conn, self.budget_id, reserved_micros=max_micros, cost_micros=0)
-            await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
             refused = {"name": name, "state": "not_charged", "duration_s": round(duration_s, 3)}
             await self._event(conn, refused)
+            await budgets.settle(conn, self.budget_id, reserved_micros=max_micros, cost_micros=0)
+            await spend.release(conn, agent=self.agent, day=day, reserved_micros=max_micros)
         self.unsettled.discard(name)
 
     async def _park(self, name: str, cost_micros: int | None = None) -> None:
         async with transaction(self.engine) as conn:
             await park_open_calls(conn, self.job_id, only=name, cost_micros=cost_micros)
         self.unsettled.discard(name)
+
+
+async def finish(write: Coroutine[Any, Any, T]) -> T:
+    """Run a paid call's record write to its end even when a cancel reaches the attempt
+    meanwhile (its timeout, an operator's stop, a worker stopping), then let the cancel go
+    on. Cut halfway, the write would leave a call the provider answered (or surely did not
+    charge) recorded `open`, and its job in doubt: a paid answer lost, or a charge counted
+    that never happened. A write still running RECORD_GRACE_S after the cancel is abandoned
+    (the database is out of reach): the call stays `open`, as a killed worker leaves it.
+    A write that parks the call (PaidCallInDoubt) says so in place of the cancel."""
+    task = asyncio.ensure_future(write)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        until = time.monotonic() + RECORD_GRACE_S
+        while not task.done() and time.monotonic() < until:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task}, timeout=until - time.monotonic())
+        if not task.done():
+            task.cancel()
+            log.warning("paid_call_record_abandoned", waited_s=RECORD_GRACE_S)
+        elif not task.cancelled():
+            error = task.exception()  # a failed write leaves the call `open`: runner.settled
+            if isinstance(error, PaidCallInDoubt):
+                raise error from None
+        raise
 
 
 async def park_open_calls(
@@ -449,6 +486,14 @@ async def has_open_call(conn: AsyncConnection, job_id: str) -> bool:
         )
     ).first()
     return row is not None
+
+
+async def states_of(conn: AsyncConnection, job_id: str) -> set[str]:
+    """The states of the job's recorded paid calls: `open`, `closed`, `in_doubt`."""
+    rows = await conn.execute(
+        select(paid_calls.c.state).where(paid_calls.c.job_id == job_id).distinct()
+    )
+    return {str(state) for (state,) in rows}
 
 
 async def calls_of(conn: AsyncConnection, job_id: str) -> list[PaidCall]:

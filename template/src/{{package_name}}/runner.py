@@ -374,7 +374,7 @@ async def settle_lost_last_attempt(runtime: Runtime, job_id: str) -> str:
 async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
     """An outcome decided before the agent runs: attempts used up, a paid call left open by
     a dead worker (in doubt), a run deadline passed (failed), or a paid agent without cap
-    or budget (denied)."""
+    or with nothing left of it that has no paid call recorded yet (denied)."""
     job = run.job
     if job.attempts > job.max_attempts:
         lost = job_store.ErrorInfo(
@@ -387,12 +387,16 @@ async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
         # No earlier attempt could have left a paid call open; no cap to check.
         return Outcome.failed(deadlines.error(job)) if past else None
     async with runtime.engine.connect() as conn:
-        if job.attempts > 1 and await paid_calls.has_open_call(conn, job.id):
+        calls = await paid_calls.states_of(conn, job.id) if job.attempts > 1 else set()
+        if "open" in calls:
             reason = "a paid call was open when its worker stopped; the provider may have charged"
             return Outcome.in_doubt(job_store.ErrorInfo("PaidCallInDoubt", reason))
         if past:
             return Outcome.failed(deadlines.error(job))
-        if paid:
+        # A retry whose earlier attempts recorded paid calls starts whatever the cap: those
+        # come back from the record at no cost, and a new call is held to the cap as it is
+        # made. Refused here, the job would lose answers it was charged for.
+        if paid and "closed" not in calls:
             refusal = await spend.exhausted(conn, job.agent, spend.utc_day(_now()))
             if refusal is not None:
                 return Outcome.denied(job_store.ErrorInfo("SpendDenied", refusal))
