@@ -141,30 +141,24 @@ class Supervisor:
     async def run(self) -> int:
         """Run the children until a signal drains them (or, burst, until they all end); the
         exit code: 0 when every child's last exit was clean."""
-        engine = create_engine(self.settings)
-        try:  # one line here, rather than one from each child
-            await check_schema_at_start(engine, self.settings.database_url)
-        except BaseException:
-            await engine.dispose()
-            raise
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self._drain, signum)
-        queue = await JobQueue.connect(self.settings)
-        server = None if self.burst or self.settings.http_port == 0 else self._server(engine, queue)
-        try:
-            if server is not None:
+        async with contextlib.AsyncExitStack() as ending:  # whatever fails, all is undone
+            ending.callback(shutil.rmtree, self.directory, ignore_errors=True)
+            engine = create_engine(self.settings)
+            ending.push_async_callback(engine.dispose)
+            # One line here, rather than one from each child.
+            await check_schema_at_start(engine, self.settings.database_url)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self._drain, signum)
+                ending.callback(loop.remove_signal_handler, signum)
+            queue = await JobQueue.connect(self.settings)
+            ending.push_async_callback(queue.close)
+            if not self.burst and self.settings.http_port != 0:
+                server = self._server(engine, queue)
+                ending.push_async_callback(server.close)
                 await server.start()
             log.info("supervisor_started", processes=len(self.children), lanes=self.lanes)
             await asyncio.gather(*(self._keep(child) for child in self.children))
-        finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-            if server is not None:
-                await server.close()
-            await queue.close()
-            await engine.dispose()
-            shutil.rmtree(self.directory, ignore_errors=True)
         last = [child.exit_codes[-1] if child.exit_codes else 1 for child in self.children]
         log.info("supervisor_stopped", exit_codes=last)
         if BAD_INPUT in last:
