@@ -373,8 +373,8 @@ async def settle_lost_last_attempt(runtime: Runtime, job_id: str) -> str:
 
 async def check_before_running(runtime: Runtime, run: Run) -> Outcome | None:
     """An outcome decided before the agent runs: attempts used up, a paid call left open by
-    a dead worker (in doubt), a run deadline passed (failed), or a paid agent without cap
-    or with nothing left of it that has no paid call recorded yet (denied)."""
+    a dead worker (in doubt), a run deadline passed (failed), or a paid agent with no cap,
+    or none of it left, for a job with no paid call recorded yet (denied)."""
     job = run.job
     if job.attempts > job.max_attempts:
         lost = job_store.ErrorInfo(
