@@ -138,7 +138,7 @@ class PaidCalls:
             spend.to_micros(cost_usd)  # a wrong constant fails here, before anything is sent
         day = spend.utc_day(datetime.now(UTC))
         try:
-            row = await self._find_or_open(name, max_micros, day)
+            row = await self._reserve(name, max_micros, day)
         except spend.SpendDenied as denied:
             if self.on_budget != "wait" or denied.stop is None:
                 raise
@@ -198,6 +198,17 @@ class PaidCalls:
                 "expired and recovery took the job over); its result was not recorded"
             )
         self.observe(self.agent, "charged")
+
+    async def _reserve(self, name: str, max_micros: int, day: date) -> Any:
+        """`_find_or_open`, written to its end when a cancel reaches the attempt meanwhile
+        (`finish`). Cut in its commit, the call would stay recorded `open`, and its job in
+        doubt, for a call never sent: one it opened is given back before the cancel goes on."""
+        try:
+            return await finish(self._find_or_open(name, max_micros, day))
+        except asyncio.CancelledError:
+            if name in self.unsettled:
+                await finish(self._forget(name, max_micros, day, duration_s=0.0))
+            raise
 
     async def _find_or_open(self, name: str, max_micros: int, day: date) -> Any:
         """The call's record, or None once it is reserved and recorded open (SpendDenied,
