@@ -176,14 +176,21 @@ class Batcher(Generic[T, R]):
         self._drain: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
+        if self._eager and self._drain is None and not self._writing:
+            future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+            self._waiting.append((item, future))
+            await self._write_now()
+            return await future
+        return await self.put(item)
+
+    def put(self, item: T) -> asyncio.Future[R]:
+        """Hand `item` in without waiting: the future of its result. Shielding that future
+        keeps a caller's cancel out of the write with no task of its own."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
         if self._drain is None and not self._writing:
-            if self._eager:
-                await self._write_now()
-            else:
-                self._drain = asyncio.create_task(self._drain_all())
-        return await future
+            self._drain = asyncio.create_task(self._drain_all())
+        return future
 
     async def idle(self) -> None:
         """Wait until every item handed in so far is written (or has failed); an eager
@@ -620,7 +627,7 @@ def _sqlite_job(row: sqlite3.Row) -> Job:
     for name in JSON_COLUMNS:  # json columns come back as text
         if values.get(name) is not None:
             values[name] = json.loads(values[name])
-    return Job(**values)
+    return Job.of(values)
 
 
 def _job(row: asyncpg.Record) -> Job:
@@ -630,4 +637,4 @@ def _job(row: asyncpg.Record) -> Job:
     for name in JSON_COLUMNS:  # json columns come back as text
         if values.get(name) is not None:
             values[name] = json.loads(values[name])
-    return Job(**values)
+    return Job.of(values)

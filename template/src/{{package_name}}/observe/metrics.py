@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -170,6 +170,9 @@ class Metrics:
             multiprocess_mode="liveall",
         )
         self.process_start.set(time.time())
+        # `run`'s series of each agent and lane, looked up once: `labels` costs as much as
+        # the rest of `run` together.
+        self._run_series: dict[tuple[str, str], _RunSeries] = {}
         # A supervised process leaves the service-wide gauges to its supervisor.
         self.service = None if in_multiprocess_mode() else ServiceGauges(registry)
 
@@ -187,9 +190,11 @@ class Metrics:
             wait = time.time() - due_ms / 1000
         else:
             wait = (datetime.now(UTC) - job.created_at).total_seconds()
-        self.queue_wait.labels(job.lane).observe(max(wait, 0.0))
-        running = self.jobs_running.labels(job.lane)
-        running.inc()
+        series = self._run_series.get((job.agent, job.lane))
+        if series is None:
+            series = self._run_series[job.agent, job.lane] = self._series_of(job.agent, job.lane)
+        series.queue_wait.observe(max(wait, 0.0))
+        series.running.inc()
         record = RunRecord()
         started = time.perf_counter()
         try:
@@ -198,9 +203,22 @@ class Metrics:
             record.state = record.state or RETRIED
             raise
         finally:
-            running.dec()
-            self.job_duration.labels(job.agent, job.lane).observe(time.perf_counter() - started)
-            self.jobs_finished.labels(job.agent, job.lane, record.state or NOT_RECORDED).inc()
+            series.running.dec()
+            series.duration.observe(time.perf_counter() - started)
+            state = record.state or NOT_RECORDED
+            finished = series.finished.get(state)
+            if finished is None:
+                finished = series.finished[state] = self.jobs_finished.labels(
+                    job.agent, job.lane, state
+                )
+            finished.inc()
+
+    def _series_of(self, agent: str, lane: str) -> _RunSeries:
+        return _RunSeries(
+            self.queue_wait.labels(lane),
+            self.jobs_running.labels(lane),
+            self.job_duration.labels(agent, lane),
+        )
 
     def claim_refused(self) -> None:
         self.claims_refused.inc()
@@ -257,6 +275,16 @@ class RunRecord:
     """The state a run left its job in, set by the runner once the outcome is written."""
 
     state: str | None = None
+
+
+@dataclass
+class _RunSeries:
+    """The series `Metrics.run` feeds for one agent and lane (`labels`' children)."""
+
+    queue_wait: Histogram
+    running: Gauge
+    duration: Histogram
+    finished: dict[str, Counter] = field(default_factory=dict)  # by recorded state
 
 
 class ServiceGauges:
