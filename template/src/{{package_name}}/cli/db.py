@@ -33,7 +33,7 @@ def db_upgrade(
     from ..db import migrate
     from ..settings import redact_url
 
-    settings = load_settings()
+    settings = load_settings(creates=True)
     steps = _StepCounter()
     migration_log = logging.getLogger("alembic.runtime.migration")
     migration_log.setLevel(logging.INFO)

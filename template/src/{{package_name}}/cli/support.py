@@ -43,8 +43,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def load_settings(*, service: bool = False) -> Settings:
+def load_settings(*, service: bool = False, creates: bool = False) -> Settings:
     """The settings, or one line and exit 2; also sets up logging for this command.
+
+    A SQLite file that does not exist is refused (`check_database_file`) unless the command
+    `creates` it (`db upgrade`, `dev`).
 
     A service command (`worker`, `dev`) logs in `<PREFIX>LOG_FORMAT` (JSON by default) from
     info up. An admin command whose stdout is a terminal prints warnings and errors as plain
@@ -53,11 +56,19 @@ def load_settings(*, service: bool = False) -> Settings:
     from pydantic import ValidationError
 
     from ..observe import logs
-    from ..settings import ENV_PREFIX, SettingsError, check_database, get_settings
+    from ..settings import (
+        ENV_PREFIX,
+        SettingsError,
+        check_database,
+        check_database_file,
+        get_settings,
+    )
 
     try:
         settings = get_settings()
         check_database(settings)
+        if not creates:
+            check_database_file(settings)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ENV_PREFIX + "_".join(str(part) for part in first["loc"]).upper()
