@@ -177,8 +177,7 @@ class Batcher(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         if self._eager and self._drain is None and not self._writing:
-            future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-            self._waiting.append((item, future))
+            future = self._hand_in(item)
             await self._write_now()
             return await future
         return await self.put(item)
@@ -186,10 +185,14 @@ class Batcher(Generic[T, R]):
     def put(self, item: T) -> asyncio.Future[R]:
         """Hand `item` in without waiting: the future of its result. Shielding that future
         keeps a caller's cancel out of the write with no task of its own."""
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, future))
+        future = self._hand_in(item)
         if self._drain is None and not self._writing:
             self._drain = asyncio.create_task(self._drain_all())
+        return future
+
+    def _hand_in(self, item: T) -> asyncio.Future[R]:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
         return future
 
     async def idle(self) -> None:

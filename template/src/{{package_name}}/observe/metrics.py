@@ -190,9 +190,7 @@ class Metrics:
             wait = time.time() - due_ms / 1000
         else:
             wait = (datetime.now(UTC) - job.created_at).total_seconds()
-        series = self._run_series.get((job.agent, job.lane))
-        if series is None:
-            series = self._run_series[job.agent, job.lane] = self._series_of(job.agent, job.lane)
+        series = self._series_of(job.agent, job.lane)
         series.queue_wait.observe(max(wait, 0.0))
         series.running.inc()
         record = RunRecord()
@@ -214,11 +212,14 @@ class Metrics:
             finished.inc()
 
     def _series_of(self, agent: str, lane: str) -> _RunSeries:
-        return _RunSeries(
-            self.queue_wait.labels(lane),
-            self.jobs_running.labels(lane),
-            self.job_duration.labels(agent, lane),
-        )
+        series = self._run_series.get((agent, lane))
+        if series is None:
+            series = self._run_series[agent, lane] = _RunSeries(
+                self.queue_wait.labels(lane),
+                self.jobs_running.labels(lane),
+                self.job_duration.labels(agent, lane),
+            )
+        return series
 
     def claim_refused(self) -> None:
         self.claims_refused.inc()
