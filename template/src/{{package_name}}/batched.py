@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import asyncpg
 from sqlalchemy.engine import make_url
 
 from .db import sqlite_pragmas
@@ -39,6 +38,8 @@ from .models import UTCDateTime, jobs
 from .queries import Job
 
 if TYPE_CHECKING:
+    import asyncpg
+
     from .job_store import NewJob
 from .states import JobState
 
@@ -369,6 +370,10 @@ class OwnConnections:
         send the server a cancel request from a task of its own, and a connection left
         waiting on it, with that task, outlives whoever closes the event loop next.
         """
+        # Imported here, not at the top: a service on SQLite never loads asyncpg (about 14 ms
+        # of every command's start that imports this module; docs/SCALING.md, "Start-up").
+        import asyncpg
+
         if self._closed:
             raise DatabaseUnavailable("the connections are closed")
         try:
