@@ -75,13 +75,13 @@ def load_settings(*, service: bool = False, creates: bool = False) -> Settings:
         fail(f"setting {where} is invalid: {first['msg']}")
     except SettingsError as exc:
         fail(str(exc))
-    verbose = options.verbose
+    verbose, level = options.verbose, logs.LEVELS[settings.log_level]
     if service:
-        logs.configure(settings.log_format, logging.DEBUG if verbose else logging.INFO)
+        logs.configure(settings.log_format, logging.DEBUG if verbose else level)
     elif sys.stdout.isatty() and "log_format" not in settings.model_fields_set:
-        logs.configure("people", logging.INFO if verbose else logging.WARNING)
+        logs.configure("people", logging.INFO if verbose else max(level, logging.WARNING))
     else:
-        logs.configure(settings.log_format, logging.INFO)
+        logs.configure(settings.log_format, level)
     return settings
 
 

@@ -107,14 +107,19 @@ def configure(fmt: Format = "json", level: int = logging.INFO) -> None:
 class _BoundLogger(structlog.make_filtering_bound_logger(logging.DEBUG)):  # type: ignore[misc]
     """structlog's logger with every level's method (`_below_level` drops what is below the
     configured level, so that a later `configure` also applies to the loggers in use), but
-    whose `debug` returns at once below it, before the event is built: the runner and the
-    agents log a debug line or two a job, which cost the worker about 9 µs a job to drop
-    (docs/SCALING.md)."""
+    whose `debug` and `info` return at once below it, before the event is built: the runner
+    and the agents log a debug line or two a job, which cost the worker about 9 µs a job to
+    drop, and the runner an info line a job, which `LOG_LEVEL=warning` drops (docs/SCALING.md)."""
 
     def debug(self, event: str, *args: Any, **kw: Any) -> Any:
         if _output.level > logging.DEBUG:
             return None
         return super().debug(event, *args, **kw)
+
+    def info(self, event: str, *args: Any, **kw: Any) -> Any:
+        if _output.level > logging.INFO:
+            return None
+        return super().info(event, *args, **kw)
 
 
 def _below_level(_logger: Any, method: str, event: EventDict) -> EventDict:
