@@ -36,6 +36,7 @@ from sqlalchemy.engine import make_url
 from .db import sqlite_pragmas
 from .models import UTCDateTime, jobs
 from .queries import Job
+from .settings import postgres_dsn
 
 if TYPE_CHECKING:
     import asyncpg
@@ -351,8 +352,7 @@ class OwnConnections:
         # server connection.
         self._in_transaction = pooling == "transaction"
         self._planner = planner
-        url = make_url(database_url).set(drivername="postgresql")
-        self._dsn = url.render_as_string(hide_password=False)
+        self._dsn = postgres_dsn(database_url)  # read as libpq reads it: ?sslmode=... too
         self._connections: dict[str, asyncpg.Connection] = {}
         self._closed = False
 

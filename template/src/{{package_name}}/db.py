@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from .settings import Settings, async_database_url, check_database
+from .settings import Settings, async_database_url, check_database, postgres_dsn
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Connections a worker's engine keeps open at most (SQLAlchemy may open 10 more at a peak).
@@ -31,11 +31,11 @@ def create_engine(settings: Settings) -> AsyncEngine:
         # database waits its turn for a connection rather than each worker opening hundreds.
         pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
         engine = create_async_engine(
-            url,
+            POSTGRES,
             pool_size=pool_size,
             # Behind a pooler a server connection can die unseen by ours: ping it there.
             pool_pre_ping=settings.database_pooling == "transaction",
-            connect_args=postgres_connect_args(settings.database_pooling),
+            connect_args=postgres_connect_args(settings.database_pooling, settings.database_url),
         )
         event.listen(engine.sync_engine, "checkout", replace_closed)
     if not settings.webhooks:
@@ -79,9 +79,18 @@ async def one_statement(engine: AsyncEngine, pooling: str) -> AsyncIterator[Asyn
         yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
-def postgres_connect_args(pooling: str) -> dict[str, Any]:
-    """asyncpg's options for a database behind a pooler that lends a server connection per
-    transaction (`<PREFIX>DATABASE_POOLING=transaction`: PgBouncer's pool_mode = transaction).
+# What SQLAlchemy is given for PostgreSQL: the driver alone. asyncpg reads the address and its
+# options from the DATABASE_URL itself (`postgres_connect_args`), as libpq would: SQLAlchemy
+# would hand each query parameter to asyncpg as a keyword, and asyncpg takes none of libpq's
+# (`?sslmode=require`, what every managed PostgreSQL gives, failed every command).
+POSTGRES = "postgresql+asyncpg://"
+
+
+def postgres_connect_args(pooling: str, database_url: str) -> dict[str, Any]:
+    """asyncpg's options for `database_url`: the URL itself, which asyncpg reads as libpq
+    does (`settings.postgres_dsn`), and for a database behind a pooler that lends a server
+    connection per transaction (`<PREFIX>DATABASE_POOLING=transaction`: PgBouncer's
+    pool_mode = transaction), no cached or named statement.
 
     asyncpg names and caches every prepared statement on its connection by default; behind
     such a pooler the next transaction may run on another server connection, where the name
@@ -91,9 +100,11 @@ def postgres_connect_args(pooling: str) -> dict[str, Any]:
     Every statement the service sends through SQLAlchemy runs inside a transaction, so it
     is prepared and run on the one server connection that transaction holds.
     """
+    dsn = {"dsn": postgres_dsn(database_url)}
     if pooling != "transaction":
-        return {}
+        return dsn
     return {
+        **dsn,
         "statement_cache_size": 0,  # asyncpg's own cache
         "prepared_statement_cache_size": 0,  # SQLAlchemy's
         "prepared_statement_name_func": _unnamed,
