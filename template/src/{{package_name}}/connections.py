@@ -14,7 +14,7 @@ import asyncio
 import ssl
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 from arq.connections import ArqRedis, RedisSettings
@@ -36,6 +36,8 @@ def redis_settings(settings: Settings, *, conn_retries: int = 5) -> RedisSetting
     """
     check_redis_tls(settings)
     url = urlsplit(settings.redis_url)
+    if url.scheme == "unix":
+        return _unix_socket_settings(settings, conn_retries)
     try:
         port = url.port or 6379
         database = int(url.path.strip("/") or 0)
@@ -63,6 +65,46 @@ def redis_settings(settings: Settings, *, conn_retries: int = 5) -> RedisSetting
     )
 
 
+def _unix_socket_settings(settings: Settings, conn_retries: int) -> RedisSettings:
+    """`unix:///path/to/redis.sock?db=N`, as redis-py and arq write it: a Redis on this host
+    reached through its socket file, the password in the user part or as `password=`.
+
+    >>> redis = _unix_socket_settings(Settings(redis_url="unix:///run/redis.sock?db=2"), 5)
+    >>> redis.unix_socket_path, redis.database, redis.password
+    ('/run/redis.sock', 2, None)
+    >>> [_unix_socket_settings(Settings(redis_url=url), 5).password for url in (
+    ...     "unix://:p%40ss@/run/redis.sock", "unix:///run/redis.sock?password=s3cret")]
+    ['p@ss', 's3cret']
+    >>> try:  # doctest: +NORMALIZE_WHITESPACE
+    ...     _unix_socket_settings(Settings(redis_url="unix://cache:6379/0"), 5)
+    ... except SettingsError as exc:
+    ...     print(exc)
+    REDIS_URL unix://cache:6379/0 is not a socket file and database;
+    write e.g. unix:///run/redis/redis.sock?db=0
+    """
+    url = urlsplit(settings.redis_url)
+    query = dict(parse_qsl(url.query))
+    try:
+        database = int(query.get("db", 0))
+    except ValueError:
+        database = -1
+    if not url.path or url.netloc.rpartition("@")[2] or database < 0:
+        raise SettingsError(
+            f"REDIS_URL {redact_url(settings.redis_url)} is not a socket file and database; "
+            "write e.g. unix:///run/redis/redis.sock?db=0"
+        )
+    password = unquote(url.password) if url.password else query.get("password")
+    return RedactedRedisSettings(
+        unix_socket_path=url.path,
+        database=database,
+        username=unquote(url.username) if url.username else None,
+        password=password or None,
+        conn_timeout=2,
+        conn_retries=conn_retries,
+        conn_retry_delay=1,
+    )
+
+
 async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
     """arq's `create_pool` for `redis`, except that a pool whose first ping fails or is
     cancelled is closed here, never left to the garbage collector.
@@ -77,6 +119,7 @@ async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
         pool = ArqRedis(
             host=redis.host,
             port=redis.port,
+            unix_socket_path=redis.unix_socket_path,
             db=redis.database,
             username=redis.username,
             password=redis.password,
@@ -100,10 +143,14 @@ async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
             await pool.aclose()
             if retries_left == 0 or not isinstance(exc, RedisError | OSError | TimeoutError):
                 raise
+            where: dict[str, Any] = (
+                {"socket": redis.unix_socket_path}
+                if redis.unix_socket_path
+                else {"host": redis.host, "port": redis.port}
+            )
             log.warning(
                 "redis_connect_failed",
-                host=redis.host,
-                port=redis.port,
+                **where,
                 error=f"{type(exc).__name__}: {describe_redis_error(exc)}",
                 retries_left=retries_left,
             )
