@@ -25,7 +25,7 @@ import structlog
 from arq.connections import RedisSettings
 from arq.constants import in_progress_key_prefix
 from arq.jobs import SerializationError, deserialize_job_raw, serialize_result
-from arq.utils import ms_to_datetime, timestamp_ms
+from arq.utils import ms_to_datetime, poll, timestamp_ms
 from arq.worker import Retry, RetryJob, Worker, func
 from redis.exceptions import RedisError
 
@@ -187,6 +187,10 @@ class LaneWorker(Worker):
         await ring(self.pool, [self.lane])
 
     async def main(self) -> None:
+        """arq's `Worker.main` without its start-up `INFO`, which only fed a line arq logs at
+        info (not shown here): a Redis user without the `@dangerous` commands, as managed
+        services' read-write roles are, may not run INFO, and arq's main then failed every
+        start of the lane."""
         if self._pool is None:  # arq's own create_pool leaves a cancelled pool open
             self._pool = await open_pool(
                 self.redis_settings or RedisSettings(),
@@ -195,7 +199,17 @@ class LaneWorker(Worker):
                 default_queue_name=self.queue_name,
                 expires_extra_ms=self.expires_extra_ms,
             )
-        await super().main()
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        async for _ in poll(self.poll_delay_s):
+            await self._poll_iteration()
+            if self.burst and (
+                0 <= self.max_burst_jobs <= self._jobs_started()
+                or await self.pool.zcard(self.queue_name) == 0
+            ):
+                await asyncio.gather(*self.tasks.values())
+                return
 
     async def close(self) -> None:
         """Cancel the jobs still running, as arq does, but let their ends be written first.

@@ -20,6 +20,7 @@ service-wide gauges are the supervisor's alone.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -400,8 +401,12 @@ class ServiceGauges:
             return
         for lane, depth in depths.items():
             self.queue_depth.labels(lane).set(depth)
-        self.redis_used.set(memory.used_bytes)
-        self.redis_max.set(memory.maxmemory_bytes)
+        if memory is None:  # this Redis user may not run INFO (`doctor` says so): unknown
+            self.redis_used.set(math.nan)
+            self.redis_max.set(math.nan)
+        else:
+            self.redis_used.set(memory.used_bytes)
+            self.redis_max.set(memory.maxmemory_bytes)
 
 
 def exported_names(metrics: Metrics) -> set[str]:
