@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import approvals, audit, job_store, queries
@@ -49,6 +49,9 @@ log = structlog.get_logger("stopping")
 # again after Redis went away. Twice a second, so a stop found this way is acted on within a
 # second even on a busy machine, where the read and the stop's write take their time too.
 LOOK_EVERY_S = 0.5
+# How long a listener refused the stop channel (its Redis user's ACL) waits before asking
+# again: the ACL may be mended without a restart, and the look finds stops meanwhile.
+REFUSED_RETRY_S = 60.0
 # What a stopped attempt's error says (its row, `jobs show`).
 STOPPED = "an operator cancelled the job while it ran"
 # Why a cancelled job's pending approval was closed (`expired`, decided by the actor).
@@ -232,20 +235,33 @@ async def look(engine: AsyncEngine, running: Running) -> list[str]:
 
 async def listen(queue: JobQueue, running: Running) -> None:
     """Stop the running jobs whose ids are published, until cancelled. Redis going away
-    only delays a stop: `look` finds the request meanwhile."""
+    only delays a stop: `look` finds the request meanwhile. A Redis user whose ACL leaves
+    out the channel is said once, and asked again every REFUSED_RETRY_S, not every look."""
+    refused = False
     while True:
+        pause = LOOK_EVERY_S
         try:
             async with queue.pool.pubsub(ignore_subscribe_messages=True) as pubsub:
                 await pubsub.subscribe(STOP_CHANNEL)
+                refused = False
                 async for message in pubsub.listen():
                     data = message.get("data")
                     if isinstance(data, bytes):
                         running.stop(data.decode().split(","))
+        except NoPermissionError as exc:
+            if not refused:
+                log.warning(
+                    "stop_listener_refused",
+                    error=str(exc),
+                    fix=f"let the Redis user use the channel {STOP_CHANNEL} (ACL &{STOP_CHANNEL})",
+                    stops_found_every_s=LOOK_EVERY_S,
+                )
+            refused, pause = True, REFUSED_RETRY_S
         except (RedisError, OSError) as exc:  # Redis away or restarting: listen again
             log.debug("stop_listener_reconnecting", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - never let the listener die; the look goes on
             log.warning("stop_listener_failed", error=f"{type(exc).__name__}: {exc}")
-        await asyncio.sleep(LOOK_EVERY_S)
+        await asyncio.sleep(pause)
 
 
 async def watch(engine: AsyncEngine, queue: JobQueue, running: Running) -> None:
