@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -45,7 +46,7 @@ def db_upgrade(
     except (SQLAlchemyError, OSError) as exc:
         fail(
             f"database upgrade failed on {redact_url(settings.database_url)}: "
-            f"{str(exc).splitlines()[0]}",
+            f"{upgrade_failure(exc)}",
             code=1,
         )
     finally:
@@ -56,6 +57,27 @@ def db_upgrade(
         typer.echo(
             f"seeded the daily spend cap of {spend.cap_label(agent)} from the template answers"
         )
+
+
+def upgrade_failure(exc: BaseException) -> str:
+    """The first line of what the database said, without SQLAlchemy's wrapper class, and what
+    to do about the refusal met first on PostgreSQL 15 and later, where an ordinary role may
+    no longer create tables in `public`.
+
+    >>> upgrade_failure(OSError("(sqlalchemy.dialects.postgresql.asyncpg.ProgrammingError) "
+    ...     "<class 'asyncpg.exceptions.InsufficientPrivilegeError'>: permission denied for "
+    ...     "schema public\\n[SQL: ...]"))[:73]
+    'permission denied for schema public; the role needs CREATE on that schema'
+    """
+    lines = str(exc).splitlines()
+    said = re.sub(r"^\([\w.]+\) (<class '[\w.]+'>: )?", "", lines[0] if lines else repr(exc))
+    if said.startswith("permission denied for schema"):
+        said += (
+            "; the role needs CREATE on that schema (GRANT CREATE ON SCHEMA public TO <role>: "
+            "PostgreSQL 15 no longer grants it to every role), or a schema of its own "
+            "(DATABASE_URL ...?options=-csearch_path%3D<schema>)"
+        )
+    return said
 
 
 class _StepCounter(logging.Handler):
