@@ -42,7 +42,8 @@ def submit(
         str | None, typer.Option("--input", help="Payload, a JSON object.")
     ] = None,
     input_file: Annotated[
-        Path | None, typer.Option("--input-file", help="File holding the JSON payload.")
+        Path | None,
+        typer.Option("--input-file", help="File holding the JSON payload (- reads stdin)."),
     ] = None,
     idempotency_key: Annotated[
         str | None, typer.Option(help="Same key + owner = same job.")
@@ -137,10 +138,7 @@ def _read_payload(input_json: str | None, input_file: Path | None) -> Any:
     if (input_json is None) == (input_file is None):
         fail("give the payload with exactly one of --input '{...}' or --input-file FILE")
     if input_file is not None:
-        try:
-            input_json = input_file.read_text()
-        except OSError as exc:
-            fail(f"cannot read --input-file {input_file}: {exc.strerror}")
+        input_json = _read_input_file(input_file)
     assert input_json is not None
     try:
         return json.loads(input_json)
@@ -148,6 +146,22 @@ def _read_payload(input_json: str | None, input_file: Path | None) -> Any:
         fail(
             f"the payload is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
             """write a JSON object such as '{"text": "hello"}'"""
+        )
+
+
+def _read_input_file(path: Path) -> str:
+    """The payload file's text (`-`: standard input), UTF-8 with or without the byte-order
+    mark some Windows editors write."""
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as exc:
+        fail(f"cannot read --input-file {path}: {exc.strerror}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        fail(
+            f"--input-file {path} is not UTF-8 text (byte {exc.start} is "
+            f"0x{data[exc.start]:02x}; a UTF-16 file?): save it as UTF-8"
         )
 
 
