@@ -55,6 +55,9 @@ def web(
         port=port,
         proxy_headers=proxy_headers,
         forwarded_allow_ips=forwarded_allow_ips,
-        log_level="info",
+        # uvicorn's own records (start-up, one line a request) go to the service's handler,
+        # in its format and at its level, not through uvicorn's plain-text logging set-up.
+        log_config=None,
+        log_level=None,
         server_header=False,
     )
