@@ -49,9 +49,10 @@ def load_settings(*, service: bool = False, creates: bool = False) -> Settings:
     A SQLite file that does not exist is refused (`check_database_file`) unless the command
     `creates` it (`db upgrade`, `dev`).
 
-    A service command (`worker`, `dev`) logs in `<PREFIX>LOG_FORMAT` (JSON by default) from
-    info up. An admin command whose stdout is a terminal prints warnings and errors as plain
-    lines (info too with `-v`), unless a log format was set; elsewhere it logs like the worker.
+    A service command (`worker`, `dev`, `web`) logs in `<PREFIX>LOG_FORMAT` (JSON by default)
+    from info up. An admin command whose stdout is a terminal prints warnings and errors as
+    plain lines (info too with `-v`), unless a log format was set; elsewhere it logs like the
+    worker.
     """
     from pydantic import ValidationError
 

@@ -33,7 +33,7 @@ def web(
     from ..settings import SettingsError
     from ..web.app import SECRET_VAR, WebSettings, create_app, web_secret
 
-    settings = load_settings()
+    settings = load_settings(service=True)
     problem = schema_problem(settings)
     if problem is not None:
         fail(problem)
