@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .app import app, options
-from .support import fail, load_settings
+from .support import fail, load_settings, schema_problem
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -28,6 +28,7 @@ def db_upgrade(
 ) -> None:
     """Create or upgrade the job tables (Alembic); one line says what changed (each
     migration step too with -v)."""
+    from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from .. import spend
@@ -40,23 +41,48 @@ def db_upgrade(
     migration_log.setLevel(logging.INFO)
     migration_log.propagate = options.verbose
     migration_log.addHandler(steps)
+    where = redact_url(settings.database_url)
+    unknown = None
     try:
-        migrate(settings, revision)
+        try:
+            migrate(settings, revision)
+        except CommandError as exc:
+            unknown = unknown_revision(exc)
+            if unknown is None:
+                raise
+            if unknown == revision:
+                fail(f"--revision {revision} is not a revision of this code's migrations")
+            problem = schema_problem(settings)  # another application's history, or None
+            if problem is not None:
+                fail(problem)
         seeded = asyncio.run(seed_caps(settings))
     except (SQLAlchemyError, OSError) as exc:
-        fail(
-            f"database upgrade failed on {redact_url(settings.database_url)}: "
-            f"{upgrade_failure(exc)}",
-            code=1,
-        )
+        fail(f"database upgrade failed on {where}: {upgrade_failure(exc)}", code=1)
     finally:
         migration_log.removeHandler(steps)
-    done = f"applied {steps.count} migrations" if steps.count else "nothing to apply"
-    typer.echo(f"database at {redact_url(settings.database_url)} is at {revision}: {done}")
+    if unknown is not None:  # as a worker of this code would, it runs on a newer schema
+        typer.echo(
+            f"database at {where} is at {unknown}, a revision this code does not know (a newer "
+            "release applied it): nothing to apply"
+        )
+    else:
+        done = f"applied {steps.count} migrations" if steps.count else "nothing to apply"
+        typer.echo(f"database at {where} is at {revision}: {done}")
     for agent in seeded:
         typer.echo(
             f"seeded the daily spend cap of {spend.cap_label(agent)} from the template answers"
         )
+
+
+def unknown_revision(exc: BaseException) -> str | None:
+    """The revision Alembic could not find among this code's migrations, if that is what
+    `exc` says.
+
+    >>> unknown_revision(Exception("Can't locate revision identified by '0016_next'"))
+    '0016_next'
+    """
+    found = re.match(r"Can't locate revision identified by '([^']+)'", str(exc))
+    return found.group(1) if found else None
 
 
 def upgrade_failure(exc: BaseException) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..settings import redact_url
-from .doctor import alembic_heads, current_revisions
+from .doctor import alembic_revisions, current_revisions
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -40,15 +40,16 @@ class Readiness:
         self.engine = engine
         self.queue = queue
         self.lanes_polling = lanes_polling
-        self._heads: set[str] | None = None
+        self._revisions: tuple[set[str], set[str]] | None = None
 
     async def check(self) -> str | None:
         """None when ready; else the first failing check, as one line."""
         return await self.check_database() or await self.check_redis() or self.check_lanes()
 
     async def check_database(self) -> str | None:
-        if self._heads is None:
-            self._heads = await asyncio.to_thread(alembic_heads)
+        if self._revisions is None:
+            self._revisions = await asyncio.to_thread(alembic_revisions)
+        heads, known = self._revisions
         shown = redact_url(self.settings.database_url)
         try:
             async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
@@ -58,9 +59,9 @@ class Readiness:
             return f"database {shown} gave no answer in {READY_CHECK_TIMEOUT_S:g} s"
         except Exception as exc:  # noqa: BLE001 - any failure is the probe's answer
             return f"database {shown} cannot be reached: {_first_line(exc)}"
-        if current != self._heads:
+        if current != heads and not current - known:  # ahead (a newer release) is ready
             at = ", ".join(sorted(current)) or "no revision"
-            return f"database is at {at}, not at head {', '.join(sorted(self._heads))}"
+            return f"database is at {at}, not at head {', '.join(sorted(heads))}"
         return None
 
     async def check_redis(self) -> str | None:
