@@ -28,11 +28,9 @@ def db_upgrade(
 ) -> None:
     """Create or upgrade the job tables (Alembic); one line says what changed (each
     migration step too with -v)."""
-    from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from .. import spend
-    from ..db import migrate
     from ..settings import redact_url
 
     settings = load_settings(creates=True)
@@ -42,19 +40,8 @@ def db_upgrade(
     migration_log.propagate = options.verbose
     migration_log.addHandler(steps)
     where = redact_url(settings.database_url)
-    unknown = None
     try:
-        try:
-            migrate(settings, revision)
-        except CommandError as exc:
-            unknown = unknown_revision(exc)
-            if unknown is None:
-                raise
-            if unknown == revision:
-                fail(f"--revision {revision} is not a revision of this code's migrations")
-            problem = schema_problem(settings)  # another application's history, or None
-            if problem is not None:
-                fail(problem)
+        unknown = migrate_or_refuse(settings, revision)
         seeded = asyncio.run(seed_caps(settings))
     except (SQLAlchemyError, OSError) as exc:
         fail(f"database upgrade failed on {where}: {upgrade_failure(exc)}", code=1)
@@ -72,6 +59,30 @@ def db_upgrade(
         typer.echo(
             f"seeded the daily spend cap of {spend.cap_label(agent)} from the template answers"
         )
+
+
+def migrate_or_refuse(settings: Settings, revision: str = "heads") -> str | None:
+    """Apply the migrations up to `revision`; on a database a newer release upgraded (a
+    revision this code does not know, with the job tables), apply nothing and return that
+    revision, as a worker of this code runs on it. Another application's Alembic history, or
+    a `revision` this code does not have, is one line and exit 2."""
+    from alembic.util import CommandError
+
+    from ..db import migrate
+
+    try:
+        migrate(settings, revision)
+    except CommandError as exc:
+        unknown = unknown_revision(exc)
+        if unknown is None:
+            raise
+        if unknown == revision:
+            fail(f"--revision {revision} is not a revision of this code's migrations")
+        problem = schema_problem(settings)  # another application's history, or None
+        if problem is not None:
+            fail(problem)
+        return unknown
+    return None
 
 
 def unknown_revision(exc: BaseException) -> str | None:
