@@ -362,6 +362,53 @@ def test_a_rendered_answer_set_passes_its_own_suite_against_real_services(
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
 
 
+# The newest Python the `python_version` question offers. The other slow tests run every
+# render on this suite's own Python (the oldest offered); this one runs on the newest, where
+# new warnings (3.13: an unclosed sqlite3 connection) fail tests the oldest passes.
+NEWEST_PYTHON = CHOICES["python_version"]["choices"][-1]
+
+
+def interpreter(version: str) -> str | None:
+    """A `python<version>` that runs, installed by pyenv or on PATH (a pyenv shim on PATH
+    may name a version the shell has not selected), or None."""
+    pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+    for found in [*map(str, pyenv), shutil.which(f"python{version}")]:
+        if found and run([found, "-V"], Path.home()).returncode == 0:
+            return found
+    return None
+
+
+@pytest.mark.slow
+@installs("newest-python")
+def test_the_newest_python_version_answer_passes_its_fast_tier_on_that_python(
+    template_repo: Path, tmp_path: Path
+) -> None:
+    python = interpreter(NEWEST_PYTHON)
+    if python is None:
+        pytest.skip(f"no Python {NEWEST_PYTHON} here (on PATH or under ~/.pyenv)")
+    project = render(template_repo, tmp_path / "newest", {"python_version": NEWEST_PYTHON})
+    venv = tmp_path / "venv"
+    made = run([python, "-m", "venv", str(venv)], project)
+    assert made.returncode == 0, made.stderr
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    installed = run([*pip, "-e", f"{project}[dev]", "pytest-xdist"], project)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-n", GENERATED_WORKERS, *FAST_TIER]
+    result = run(
+        [str(venv / "bin" / "python"), "-m", "pytest", *pytest_args],
+        project,
+        timeout=900,
+        TEST_DATABASE_URL=os.environ.get("TEST_DATABASE_URL", ""),
+        TEST_DATABASES="sqlite",
+    )
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, (
+        failed_tests(result.stdout) + result.stdout[-6000:] + result.stderr[-3000:]
+    )
+    assert f"Python {NEWEST_PYTHON}" in run([str(venv / "bin" / "python"), "-V"], project).stdout
+    assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+
+
 # The PostgreSQL answer sets whose suite reaches PostgreSQL through a PgBouncer in transaction
 # pooling mode (the generated conftest starts it from $TEST_PGBOUNCER): the unit, integration
 # and agent tests of a fast tier, at no extra time.
