@@ -18,11 +18,24 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 from arq.connections import ArqRedis, RedisSettings
-from redis.exceptions import OutOfMemoryError, RedisError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from .settings import Settings, SettingsError, check_redis_tls, redact_url
 
 log = structlog.get_logger("redis")
+
+# What a Redis in cluster mode is told, after "Redis at <url>".
+CLUSTER_MODE = (
+    "runs in cluster mode, which this service cannot use (arq's scripts reach keys in many "
+    "hash slots): point REDIS_URL at a Redis with cluster mode disabled (one primary, with "
+    "replicas for failover)"
+)
+
+
+class RedisClusterMode(RedisError):
+    """The server is a Redis Cluster node: answering, but not a Redis this service can use.
+    Its queue's scripts would fail once a job had run, and arq would deliver the job again
+    and again."""
 
 
 def redis_settings(settings: Settings, *, conn_retries: int = 5) -> RedisSettings:
@@ -112,7 +125,8 @@ async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
     arq drops such a pool with its connection open: a lane drained, or a check timed out,
     while its pool was still connecting left a socket to Redis open until a collection
     found it. `arq_options` are `create_pool`'s (`job_serializer`, `default_queue_name`, ...).
-    A refused or dropped connection is tried again `redis.conn_retries` times, as arq does.
+    A refused or dropped connection is tried again `redis.conn_retries` times, as arq does;
+    a server in cluster mode is refused at once (RedisClusterMode).
     """
     retries_left = redis.conn_retries
     while True:
@@ -139,9 +153,17 @@ async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
         )
         try:
             await pool.ping()
+            await refuse_cluster(pool)
         except BaseException as exc:
             await pool.aclose()
-            if retries_left == 0 or not isinstance(exc, RedisError | OSError | TimeoutError):
+            if isinstance(exc, ResponseError) and "cluster mode" in str(exc):
+                # "SELECT is not allowed in cluster mode": a URL naming a database other than 0
+                raise RedisClusterMode(CLUSTER_MODE) from exc
+            if (
+                retries_left == 0
+                or isinstance(exc, RedisClusterMode)
+                or not isinstance(exc, RedisError | OSError | TimeoutError)
+            ):
                 raise
             where: dict[str, Any] = (
                 {"socket": redis.unix_socket_path}
@@ -158,6 +180,17 @@ async def open_pool(redis: RedisSettings, **arq_options: Any) -> ArqRedis:
             return pool
         retries_left -= 1
         await asyncio.sleep(redis.conn_retry_delay)
+
+
+async def refuse_cluster(pool: ArqRedis) -> None:
+    """Raise RedisClusterMode when `pool`'s server is a cluster node. CLUSTER INFO answers
+    only there: a server without cluster support refuses it, and so may an ACL or a proxy,
+    which this check lets pass (one round trip, once a pool)."""
+    try:
+        await pool.cluster("INFO")
+    except ResponseError:
+        return
+    raise RedisClusterMode(CLUSTER_MODE)
 
 
 def _tls_file(path: Path | None, tls: bool) -> str | None:

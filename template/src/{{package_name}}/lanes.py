@@ -170,6 +170,8 @@ class LaneWorker(Worker):
         self._last_ended = False
         self._slot_freed = asyncio.Event()
         self._released: set[str] = set()  # jobs whose slot freed before their task ended
+        # A job's task that failed (its end not written to Redis), raised by the next poll.
+        self._failed: asyncio.Task[None] | None = None
         self.ctx["ring_when_due"] = self.ring_when_due
 
     def ring_when_due(self, delay_s: float, job_id: str, priority: int | None) -> None:
@@ -235,6 +237,7 @@ class LaneWorker(Worker):
         Replaces arq's `start_jobs`, keeping what it does per started job: count it, run it
         in a task kept in `tasks`, free the slot when the task ends.
         """
+        self._raise_failed()
         self._read = len(job_ids)
         if self._starter is None or self._finisher is None:
             self._starter = Starter(self.pool, self.lane, self.in_progress_timeout_s)
@@ -263,8 +266,8 @@ class LaneWorker(Worker):
     async def _run(self, job: Started, finisher: Finisher) -> None:
         """arq's `run_job` for a job `start_jobs` started (its try counted, its body read):
         run it, then write how it ended with the jobs that end meanwhile, shielded from
-        cancellation as arq does. A failed write raises, and stops the worker as arq's
-        would (the lane's supervisor builds another)."""
+        cancellation as arq does. A failed write raises, and the next poll stops the worker
+        with it as arq's would (the lane's supervisor builds another)."""
         ending = await self._call(job, finisher.keeps_results)
         await asyncio.shield(finisher.finish(ending))
         if self.burst and self.job_counter == 0:
@@ -377,7 +380,9 @@ class LaneWorker(Worker):
             self._released.add(job_id)
             self._free_slot()
 
-    def _job_ended(self, job_id: str, _: asyncio.Task[None]) -> None:
+    def _job_ended(self, job_id: str, task: asyncio.Task[None]) -> None:
+        if self._failed is None and not task.cancelled() and task.exception() is not None:
+            self._failed = task
         self._leave_agent_slot(job_id)
         if job_id in self._released:
             self._released.discard(job_id)
@@ -393,7 +398,21 @@ class LaneWorker(Worker):
         self.job_counter -= 1
         self._slot_freed.set()
 
+    def _raise_failed(self) -> None:
+        """Stop the worker with the error of a job's task that failed (its end not written).
+
+        arq raises such an error from its poll, but only while the task is still in `tasks`:
+        a job whose end was not written is read again at once, and its new task took the old
+        one's place first. The error then went unseen, and the job was delivered again, a
+        poll delay apart, for as long as Redis refused its end (a cluster, an ACL). Now it
+        is raised before the next read and before the next start; a read already out when the
+        task failed may still deliver the job once more (the database refuses its claim).
+        """
+        if self._failed is not None:
+            self._failed.result()
+
     async def _poll_iteration(self) -> None:
+        self._raise_failed()
         started = time.monotonic()
         self._read = 0
         self._left_behind = True  # until a start says otherwise (arq may not read at all)

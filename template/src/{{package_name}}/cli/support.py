@@ -108,6 +108,8 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
     except error_of(".submit", "RecordedNotQueued") as exc:
         typer.echo(exc.job_id)
         fail(str(exc), code=1)
+    except error_of(".queue", "QueueMisconfigured") as exc:
+        fail(str(exc))
     except error_of(".queue", "QueueUnavailable") as exc:
         fail(str(exc), code=1)
     except (

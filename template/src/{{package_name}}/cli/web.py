@@ -27,6 +27,7 @@ def web(
     ] = "127.0.0.1",
 ) -> None:
     """Serve the JSON API (/api/, bearer tokens) and the console (/, a login with a token)."""
+    import structlog
     import uvicorn
     from pydantic import ValidationError
 
@@ -41,13 +42,15 @@ def web(
         secret, made_up = web_secret(settings, WebSettings())
     except (SettingsError, ValidationError) as exc:
         fail(str(exc).splitlines()[0])
+    # Said as log lines, in the service's format: a log shipper reading `web` gets JSON only.
+    log = structlog.get_logger("web")
     if made_up:
-        typer.echo(
-            "dev: made up a web secret for this run (console sessions end when it stops); "
-            f"set {SECRET_VAR} to keep them",
-            err=True,
+        log.warning(
+            "web_secret_made_up",
+            detail="dev: console sessions end when this process stops",
+            fix=f"set {SECRET_VAR} to keep them",
         )
-    typer.echo(f"serving the API and the console on http://{host}:{port}/", err=True)
+    log.info("web_serving", url=f"http://{host}:{port}/", serves="the API and the console")
     loaded()
     uvicorn.run(
         create_app(settings, secret),
