@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import shutil
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -83,7 +84,21 @@ def load_settings(*, service: bool = False, creates: bool = False) -> Settings:
         logs.configure("people", logging.INFO if verbose else max(level, logging.WARNING))
     else:
         logs.configure(settings.log_format, level)
+    warn_misspelt()
     return settings
+
+
+def warn_misspelt() -> None:
+    """One warning a variable with the prefix that looks like a misspelt setting: the
+    service ignores it, so its setting keeps the default."""
+    import structlog
+
+    from ..settings import misspelt_settings
+
+    for variable, meant in misspelt_settings(os.environ):
+        structlog.get_logger("settings").warning(
+            "setting_misspelt", variable=variable, meant=meant, detail="no setting reads it"
+        )
 
 
 def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = False) -> T:
