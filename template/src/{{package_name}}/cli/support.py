@@ -144,16 +144,16 @@ def run(coro: Coroutine[Any, Any, T], settings: Settings, *, service: bool = Fal
 
 
 def schema_problem(settings: Settings) -> str | None:
-    """What the database lacks of the schema this code needs (schema.check_schema), or None
-    when it lacks nothing or cannot be reached."""
+    """What the database lacks of the schema this code needs, or that it refuses writes
+    (schema.check_schema); None when it lacks nothing or cannot be reached."""
     from ..db import create_engine
-    from ..schema import SchemaBehind, check_schema
+    from ..schema import ReadOnlyDatabase, SchemaBehind, check_schema
 
     async def check() -> str | None:
         engine = create_engine(settings)
         try:
             await check_schema(engine, settings.database_url)
-        except SchemaBehind as exc:
+        except (SchemaBehind, ReadOnlyDatabase) as exc:
             return str(exc)
         finally:
             await engine.dispose()
