@@ -20,11 +20,14 @@ POOL_SIZE_MAX = 10
 
 def create_engine(settings: Settings) -> AsyncEngine:
     """An async engine for `settings.database_url`, with SQLite tuned for several processes,
-    carrying the service's webhooks (if any) to every transaction that settles a job."""
+    carrying the service's webhooks (if any) to every transaction that settles a job.
+
+    Its errors name no bound value (`hide_parameters`): a failed write's message, which the
+    service logs, carried the row's payload, result and error text along with the SQL."""
     check_database(settings)
     url = async_database_url(settings.database_url)
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
     else:
         # Bounded whatever max_jobs is (up to 500 by default): a job that touches the
@@ -32,6 +35,7 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_size = min(max(5, settings.max_jobs), POOL_SIZE_MAX)
         engine = create_async_engine(
             POSTGRES,
+            hide_parameters=True,
             pool_size=pool_size,
             # Behind a pooler a server connection can die unseen by ours: ping it there.
             pool_pre_ping=settings.database_pooling == "transaction",

@@ -727,15 +727,25 @@ async def send_reply(runtime: Runtime, job_id: str, reply: replies.ReplyFn, jlog
 
 
 def error_info(exc: BaseException) -> job_store.ErrorInfo:
-    """The class, message and traceback of `exc`, as stored on the attempt."""
+    """The class, message and traceback of `exc`, as stored on the attempt. A NUL character
+    (a parser quoting the bytes it choked on) is written `\\x00`: PostgreSQL's text columns
+    refuse it, and the outcome's write failed until recovery ran the job again.
+
+    >>> error_info(ValueError("bad \\x00 byte")).message
+    'bad \\\\x00 byte'
+    """
     message = str(exc) or repr(exc)
     if isinstance(exc, TimeoutError) and not str(exc):
         message = "the agent ran past its timeout"
     return job_store.ErrorInfo(
         error_class=type(exc).__name__,
-        message=message[:2000],
-        traceback="".join(traceback.format_exception(exc))[-8000:],
+        message=_storable(message)[:2000],
+        traceback=_storable("".join(traceback.format_exception(exc)))[-8000:],
     )
+
+
+def _storable(text: str) -> str:
+    return text.replace("\x00", "\\x00")
 
 
 class Heartbeat:

@@ -149,6 +149,7 @@ class Submitter:
         """`submit`, also saying whether the job is new: (job id, created). A repeated
         (owner, idempotency key) gives the existing job with created=False, not queued again."""
         checked = self.check(agent, payload)
+        check_keys(owner, idempotency_key)
         now = datetime.now(UTC)
         run_after = due_at(now, delay_s=delay_s, run_at=run_at)
         rank = priority_rank(priority)
@@ -246,6 +247,7 @@ class Submitter:
         batch = list(submissions)
         for item in batch:
             self.check(item.agent, item.payload)
+            check_keys(item.owner, item.idempotency_key)
         now = datetime.now(UTC)
         rows = [
             job_store.NewJob(
@@ -299,6 +301,22 @@ class Submitter:
 
 
 _default: dict[asyncio.AbstractEventLoop, Submitter] = {}
+
+
+def check_keys(owner: str | None, idempotency_key: str | None) -> None:
+    """Refuse a NUL character in the owner or the idempotency key: a text column cannot hold
+    one on PostgreSQL, and the insert failed as an unexpected error (a 500 from the API).
+
+    >>> check_keys("team-a", None)
+    >>> try:
+    ...     check_keys("team\\x00a", None)
+    ... except SubmitError as exc:
+    ...     print(exc)
+    the owner holds a NUL character (\\u0000); remove it
+    """
+    for name, value in (("owner", owner), ("idempotency key", idempotency_key)):
+        if value is not None and "\x00" in value:
+            raise SubmitError(f"the {name} holds a NUL character (\\u0000); remove it")
 
 
 async def submit(

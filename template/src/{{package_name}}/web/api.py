@@ -55,6 +55,7 @@ from .inputs import (
     parse_count,
     parse_limit,
     parse_state,
+    refuse_nul,
 )
 from .services import Services
 
@@ -76,6 +77,8 @@ def endpoint(role: Role) -> Callable[[Handler], Callable[[Request], Awaitable[Re
             services = request.app.state.services
             principal = await bearer_principal(request, services.engine)
             require(principal, role)
+            refuse_nul(request.query_params.multi_items(), "query parameter")
+            refuse_nul(request.path_params.items(), "path parameter")
             return await handler(request, services, principal)
 
         run.__doc__ = handler.__doc__
@@ -597,6 +600,7 @@ async def _json_object(
         raise InputError(
             400, f"unknown field {sorted(unknown)[0]!r}; fields: {', '.join(fields) or 'none'}"
         )
+    refuse_nul(((name, value) for name, value in body.items() if name != "payload"), "field")
     return body
 
 

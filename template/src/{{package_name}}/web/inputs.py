@@ -10,6 +10,7 @@ and all, so the three doors refuse the same things.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -29,6 +30,24 @@ class InputError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def refuse_nul(items: Iterable[tuple[str, Any]], what: str) -> None:
+    """Refuse (400) a NUL character in any value of `items` (name, value: a string, or a list
+    of them), `what` saying where they came from ("query parameter", "field"): PostgreSQL's
+    text columns cannot hold one, so a filter or a write with it failed as a 500.
+
+    >>> refuse_nul([("owner", "team-a"), ("job_ids", ["a", "b"])], "field")
+    >>> try:
+    ...     refuse_nul([("owner", "team\\x00a")], "query parameter")
+    ... except InputError as exc:
+    ...     print(exc.status, exc.message)
+    400 query parameter "owner" holds a NUL character (\\u0000); remove it
+    """
+    for name, value in items:
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(text, str) and "\x00" in text for text in texts):
+            raise InputError(400, f'{what} "{name}" holds a NUL character (\\u0000); remove it')
 
 
 def checked(model: type[Body], body: Any) -> Body:

@@ -43,7 +43,7 @@ from ..states import PARKED, TERMINAL, JobState
 from ..tokens import Principal, Role, authenticate
 from . import job_facts
 from .auth import SESSION_COOKIE, Denied, Session, Sessions, check_csrf, session_principal
-from .inputs import InputError, parse_cap
+from .inputs import InputError, parse_cap, refuse_nul
 from .services import Services
 
 TEMPLATES = Environment(
@@ -95,8 +95,11 @@ def page(role: Role) -> Callable[[View], Callable[[Request], Awaitable[Response]
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
             principal, session = found
+            refuse_nul(request.query_params.multi_items(), "query parameter")
             if request.method == "POST":
-                check_csrf(request, session, await request.form())
+                form = await request.form()
+                check_csrf(request, session, form)
+                refuse_nul(form.multi_items(), "field")
             if not principal.may(role):
                 raise Denied(
                     403, f"this needs the {role.label} role; you are a {principal.role.label}"
