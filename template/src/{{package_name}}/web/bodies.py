@@ -32,9 +32,15 @@ assert set(OUTCOMES) == set(get_args(Outcome)), "dlq.OUTCOMES and Outcome differ
 # What counts as blank, spelled out: `\s` means different sets in Python, in pydantic's regex
 # engine and in JSON Schema's (ECMA 262), and the server and the document must agree.
 BLANK = " \t\n\v\f\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-NOT_BLANK = f"[^{BLANK}]"
+# No NUL character (\u0000) anywhere: PostgreSQL's text columns cannot hold one, so the API
+# refuses it in every text field it stores or searches by (inputs.refuse_nul); a payload, a
+# JSON column, keeps it.
+NO_NUL = r"^[^\x00]*$"
+NON_BLANK = f"[^{BLANK}]"
+NOT_BLANK = f"^[^\\x00]*[^{BLANK}\\x00][^\\x00]*$"  # a NON_BLANK character, and no NUL
+Text = Annotated[str, Field(pattern=NO_NUL)]
 Note = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NOT_BLANK)]
-Reason = Annotated[str, Field(max_length=MAX_TEXT)]
+Reason = Annotated[str, Field(max_length=MAX_TEXT, pattern=NO_NUL)]
 # Lax: JSON Schema counts 418.0 as an integer, so the server takes it too (inputs.parse_count
 # has already refused strings and booleans).
 Batch = Annotated[int, Field(ge=1, le=MAX_BATCH, strict=False)]
@@ -63,7 +69,7 @@ class Response(BaseModel):
 class SubmitJob(Request):
     agent: str = Field(description="An agent's name (an enum of this service's agents).")
     payload: dict[str, Any]
-    owner: Annotated[str, Field(max_length=MAX_OWNER)] | None = None
+    owner: Annotated[str, Field(max_length=MAX_OWNER, pattern=NO_NUL)] | None = None
     delay_s: Annotated[float, Field(ge=0, le=MAX_DELAY_S)] | None = None
     priority: Literal["high", "normal", "low"] = "normal"
     # Above 0 to 1000000 dollars in whole micro-dollars: what budgets.parse_budget takes.
@@ -80,7 +86,10 @@ class Cancel(Request):
 
 class Rerun(Request):
     from_step: str = Field(
-        min_length=1, max_length=200, description="A step the job recorded: run again from it."
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL,
+        description="A step the job recorded: run again from it.",
     )
     input: dict[str, Any] | None = Field(
         None, description="A new payload for the rerun (default: the job's own)."
@@ -95,14 +104,14 @@ class Resolve(Request):
 
 
 class ResolveCause(Request):
-    cause_id: Annotated[str, Field(min_length=1)]
+    cause_id: Annotated[str, Field(min_length=1, pattern=NO_NUL)]
     limit: Batch
     outcome: Outcome
     note: Note
 
 
 class ReplayByCause(Request):
-    cause_id: str
+    cause_id: Text
     limit: Batch
     reason: Reason | None = None
     allow_spent: bool = False
@@ -110,7 +119,7 @@ class ReplayByCause(Request):
 
 
 class ReplayByIds(Request):
-    job_ids: Annotated[list[str], Field(min_length=1)]
+    job_ids: Annotated[list[Text], Field(min_length=1)]
     limit: Batch | None = None
     reason: Reason | None = None
     allow_spent: bool = False
@@ -138,7 +147,7 @@ class Decide(RootModel[Approve | Reject]):
 
 
 class SetCap(Request):
-    agent: str = Field(description='A paid agent\'s name or "*" (the global cap).')
+    agent: str = Field(pattern=NO_NUL, description='A paid agent\'s name or "*" (the global cap).')
     # 0 to 1000000 dollars in whole micro-dollars: what spend.parse_usd takes.
     usd: Annotated[str, Field(pattern=r"^(\d{1,6}(\.\d{1,6})?|1000000(\.0{1,6})?)$")]
     reason: Reason | None = None

@@ -110,7 +110,7 @@ def _seq(text: str | None, what: str) -> int | None:
 
 def blank(text: str | None) -> bool:
     """No character but whitespace (bodies.BLANK, the set the document's pattern uses)."""
-    return text is None or re.search(bodies.NOT_BLANK, text) is None
+    return text is None or re.search(bodies.NON_BLANK, text) is None
 
 
 def parse_count(limit: Any) -> int:

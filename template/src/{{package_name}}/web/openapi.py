@@ -23,7 +23,8 @@ from . import bodies
 REF = "#/components/schemas/{model}"
 _ERROR = {"$ref": "#/components/responses/Error"}
 _ERRORS = {"400": _ERROR, "401": _ERROR, "403": _ERROR, "500": _ERROR}
-_JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_TEXT = {"type": "string", "pattern": bodies.NO_NUL}  # inputs.refuse_nul
+_JOB_ID = [{"name": "job_id", "in": "path", "required": True, "schema": _TEXT}]
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": bodies.MAX_LIST, "default": 50}
 _STATES = {"type": "string", "enum": [s.value for s in JobState]}
 _AFTER = {"type": "integer", "minimum": 0, "maximum": bodies.SEQ_MAX, "default": 0}
@@ -164,7 +165,7 @@ def _paths() -> dict[str, Any]:
                 parameters=[
                     {"name": "state", "in": "query", "schema": _STATES},
                     *(
-                        {"name": name, "in": "query", "schema": {"type": "string"}}
+                        {"name": name, "in": "query", "schema": _TEXT}
                         for name in ("agent", "owner", "before")
                     ),
                     {"name": "limit", "in": "query", "schema": _LIMIT},
@@ -307,8 +308,8 @@ def _paths() -> dict[str, Any]:
                 bodies.AuditLog,
                 parameters=[
                     {"name": "limit", "in": "query", "schema": _LIMIT},
-                    {"name": "actor", "in": "query", "schema": {"type": "string"}},
-                    {"name": "target", "in": "query", "schema": {"type": "string"}},
+                    {"name": "actor", "in": "query", "schema": _TEXT},
+                    {"name": "target", "in": "query", "schema": _TEXT},
                 ],
             )
         },
