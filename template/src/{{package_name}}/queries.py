@@ -176,6 +176,13 @@ async def asked_to_stop(conn: AsyncConnection, job_ids: Sequence[str]) -> list[s
     return list((await conn.scalars(stmt)).all())
 
 
+async def existing_ids(conn: AsyncConnection, job_ids: Sequence[str]) -> set[str]:
+    """The ids among `job_ids` that have a row here."""
+    if not job_ids:
+        return set()
+    return set((await conn.scalars(select(jobs.c.id).where(jobs.c.id.in_(job_ids)))).all())
+
+
 async def unsettled_children(conn: AsyncConnection, parent_id: str) -> int:
     """How many of a parent's children have not settled yet."""
     stmt = select(func.count()).where(

@@ -60,6 +60,12 @@ T = TypeVar("T")
 DEADLINE = deadlines.ERROR_CLASS
 # The error of an attempt a cancel stopped (cancels.py).
 STOPPED = job_store.ErrorInfo("Cancelled", cancels.STOPPED)
+# Said with a delivery that has no row: the usual cause, and what to do about it.
+NOT_FOUND_HINT = (
+    "no job has this id here: if another deployment (staging, another region) uses this "
+    "Redis database, give each its own (REDIS_URL .../N), or their workers take each "
+    "other's jobs"
+)
 # How soon arq should deliver a job again when the database could not be reached.
 DB_UNAVAILABLE_RETRY_S = 5
 # Added to a wait for a lease or run_after, so the next delivery lands after it.
@@ -343,7 +349,7 @@ async def not_claimed(runtime: Runtime, job_id: str) -> str:
     async with runtime.engine.connect() as conn:
         job = await queries.get_job(conn, job_id)
     if job is None:
-        log.warning("job_not_found", job_id=job_id)
+        log.warning("job_not_found", job_id=job_id, hint=NOT_FOUND_HINT)
         return "missing"
     due = None
     if job.state is JobState.QUEUED and job.run_after is not None:
