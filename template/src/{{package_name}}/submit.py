@@ -316,7 +316,12 @@ def check_keys(owner: str | None, idempotency_key: str | None) -> None:
     """
     for name, value in (("owner", owner), ("idempotency key", idempotency_key)):
         if value is not None and "\x00" in value:
-            raise SubmitError(f"the {name} holds a NUL character (\\u0000); remove it")
+            raise SubmitError(nul_refused(f"the {name}"))
+
+
+def nul_refused(what: str) -> str:
+    """What a text with a NUL character is told, `what` naming it (here and in the API)."""
+    return f"{what} holds a NUL character (\\u0000); remove it"
 
 
 async def submit(

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import actions, spend
 from ..states import JobState
+from ..submit import nul_refused
 from . import bodies
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -47,7 +48,7 @@ def refuse_nul(items: Iterable[tuple[str, Any]], what: str) -> None:
     for name, value in items:
         texts = value if isinstance(value, list) else [value]
         if any(isinstance(text, str) and "\x00" in text for text in texts):
-            raise InputError(400, f'{what} "{name}" holds a NUL character (\\u0000); remove it')
+            raise InputError(400, nul_refused(f'{what} "{name}"'))
 
 
 def checked(model: type[Body], body: Any) -> Body:
